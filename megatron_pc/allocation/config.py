@@ -1,0 +1,179 @@
+"""Settings of rollout allocation: which strategy, batch sizes, the pilot/commit split, the band."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from megatron_pc.errors import ConfigError
+
+
+@dataclass
+class PilotConfig:
+    """The pilot stage of Pilot-Commit: a few rollouts of each new prompt to estimate p_hat."""
+
+    n: int = 4
+    """Rollouts per new prompt in the pilot (reference runs: 32 for n=128, 16 for n=64)."""
+    n_effective: int | None = None
+    """Pilot rollouts kept in the training group (<= n). None means all n."""
+    batch: int = 96
+    """Prompts piloted per generation round (reference: 3 x train_batch)."""
+    keep: Literal["max_variance", "first"] = "max_variance"
+    """Which pilot rollouts to keep when n_effective < n: the subset with the highest reward
+    variance, or simply the first ones."""
+
+    def __post_init__(self) -> None:
+        _positive("n", self.n)
+        _positive("batch", self.batch)
+        if self.n_effective is not None:
+            _positive("n_effective", self.n_effective)
+            if self.n_effective > self.n:
+                raise ConfigError("n_effective", f"must be <= pilot.n ({self.n}), got {self.n_effective}")
+
+    @property
+    def kept(self) -> int:
+        """Pilot rollouts that enter the training group."""
+        return self.n if self.n_effective is None else self.n_effective
+
+
+@dataclass
+class BufferConfig:
+    """The replay buffer of pilot survivors that wait for their commit."""
+
+    max_age: int = 4
+    """A survivor is committed at most this many steps after its pilot; older ones are dropped."""
+    capacity: int | None = None
+    """At most this many waiting survivors (the oldest are dropped first). None: no limit."""
+    sampling: Literal["max_variance", "random"] = "max_variance"
+    """Which survivors a round commits: highest pilot variance p(1-p) first (ties to the most
+    recent pilot), or uniformly at random."""
+
+    def __post_init__(self) -> None:
+        if self.max_age < 0:
+            raise ConfigError("max_age", f"must be >= 0, got {self.max_age}")
+        if self.capacity is not None:
+            _positive("capacity", self.capacity)
+
+
+@dataclass
+class AllocationConfig:
+    """How rollouts are spent: the strategy and everything it decides with.
+
+    The training group size ``n`` is shared by all three strategies so that comparisons are
+    fair: GRPO and DAPO generate ``n`` rollouts per prompt, Pilot-Commit trains on
+    ``pilot.n_effective + commit_n`` rollouts per prompt, which must equal ``n``.
+    """
+
+    strategy: Literal["pilot_commit", "grpo", "dapo"] = "pilot_commit"
+    """Allocation strategy, by exact registry name."""
+    train_batch: int = 32
+    """Prompts (training groups) per optimizer step."""
+    n: int = 16
+    """Rollouts per training group (GRPO's n)."""
+    pilot: PilotConfig = field(default_factory=PilotConfig)
+    commit_n: int | None = None
+    """Extra rollouts per survivor in the commit stage. None: n - pilot.n_effective."""
+    p_lower: float = 0.125
+    """Keep band lower bound: a pilot with p_hat below it is too hard (deferred to next epoch)."""
+    p_upper: float = 0.75
+    """Keep band upper bound: a pilot with p_hat above it is too easy (skipped this epoch)."""
+    p_evict: float = 1.0
+    """A pilot with p_hat >= p_evict removes the prompt from the pool for good."""
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    dapo_batch: int | None = None
+    """Prompts DAPO draws per generation round. None: train_batch."""
+    max_rounds: int = 10
+    """Generation rounds allowed to fill one train batch."""
+    on_round_limit: Literal["error", "train_partial"] = "error"
+    """When max_rounds pass with the batch short: stop with an error, or train on what is there."""
+
+    def __post_init__(self) -> None:
+        _positive("train_batch", self.train_batch)
+        _positive("n", self.n)
+        _positive("max_rounds", self.max_rounds)
+        for name in ("p_lower", "p_upper", "p_evict"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(name, f"must lie in [0, 1], got {value}")
+        if self.p_lower > self.p_upper:
+            raise ConfigError("p_lower", f"must be <= p_upper ({self.p_upper}), got {self.p_lower}")
+        if self.dapo_batch is not None:
+            _positive("dapo_batch", self.dapo_batch)
+        if self.commit_n is not None:
+            _positive("commit_n", self.commit_n)
+        if self.strategy == "pilot_commit":
+            self._check_pilot_commit()
+
+    def _check_pilot_commit(self) -> None:
+        kept = self.pilot.kept
+        if self.commit_n is None and kept >= self.n:
+            raise ConfigError("pilot.n_effective", f"kept pilot rollouts ({kept}) must be < n ({self.n}) to leave room for a commit")
+        if self.pilot_kept + self.commit_rollouts != self.n:
+            raise ConfigError(
+                "commit_n",
+                f"pilot.n_effective ({kept}) + commit_n ({self.commit_rollouts}) must equal n ({self.n}), "
+                "the group size shared with GRPO and DAPO",
+            )
+        if self.max_rounds < 2:
+            raise ConfigError("max_rounds", "must be >= 2 for pilot_commit: a survivor is committed one round after its pilot")
+        if self.pilot.batch * (self.max_rounds - 1) < self.train_batch:
+            raise ConfigError(
+                "pilot.batch",
+                f"pilot.batch x (max_rounds - 1) = {self.pilot.batch * (self.max_rounds - 1)} prompts can never fill "
+                f"train_batch ({self.train_batch}) even if every pilot survives",
+            )
+        if self.buffer.capacity is not None and self.buffer.capacity < self.train_batch // (self.max_rounds - 1):
+            raise ConfigError("buffer.capacity", f"{self.buffer.capacity} is too small to fill train_batch within max_rounds")
+
+    @property
+    def pilot_kept(self) -> int:
+        """Pilot rollouts that enter each Pilot-Commit training group."""
+        return self.pilot.kept
+
+    @property
+    def commit_rollouts(self) -> int:
+        """Commit rollouts per survivor."""
+        return self.n - self.pilot.kept if self.commit_n is None else self.commit_n
+
+    @property
+    def rollouts_per_dapo_round(self) -> int:
+        """Prompts DAPO draws per round."""
+        return self.train_batch if self.dapo_batch is None else self.dapo_batch
+
+    def check_generation_ranks(self, ranks: int, field_prefix: str = "") -> None:
+        """Check that every round can be split evenly over ``ranks`` generation engines.
+
+        Pilot-Commit trims the number of commits in a round so the round's rollouts divide
+        evenly; the train batch must be reachable in those steps or it could never fill.
+        """
+        if ranks < 1:
+            raise ConfigError("rollout.engines", f"must be >= 1, got {ranks}")
+
+        def fail(name: str, rule: str) -> None:
+            raise ConfigError(f"{field_prefix}.{name}" if field_prefix else name, rule)
+
+        if self.strategy == "grpo" and (self.train_batch * self.n) % ranks:
+            fail("train_batch", f"train_batch x n = {self.train_batch * self.n} rollouts must divide evenly over {ranks} generation engines")
+        if self.strategy == "dapo" and (self.rollouts_per_dapo_round * self.n) % ranks:
+            fail("dapo_batch", f"dapo_batch x n = {self.rollouts_per_dapo_round * self.n} rollouts must divide evenly over {ranks} generation engines")
+        if self.strategy == "pilot_commit":
+            if (self.pilot.batch * self.pilot.n) % ranks:
+                fail("pilot.batch", f"pilot.batch x pilot.n = {self.pilot.batch * self.pilot.n} rollouts must divide evenly over {ranks} generation engines")
+            step = commit_granularity(self.commit_rollouts, ranks)
+            if self.train_batch % step:
+                fail(
+                    "train_batch",
+                    f"with commit_n={self.commit_rollouts} over {ranks} generation engines, commits come in multiples of {step}; "
+                    f"train_batch ({self.train_batch}) must be a multiple of {step} or the batch can never fill",
+                )
+
+
+def commit_granularity(commit_n: int, ranks: int) -> int:
+    """Smallest number of commits whose rollouts divide evenly over ``ranks`` engines."""
+    return ranks // math.gcd(commit_n, ranks)
+
+
+def _positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(name, f"must be >= 1, got {value}")

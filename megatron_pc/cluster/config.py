@@ -1,0 +1,28 @@
+"""Settings of process placement: Ray address, colocated or split devices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron_pc.errors import ConfigError
+
+
+@dataclass
+class ClusterConfig:
+    """Where workers run."""
+
+    ray_address: str | None = None
+    """Join this Ray cluster (``ray://...`` or ``auto``); None: RAY_ADDRESS, else start a local one."""
+    placement: Literal["colocated", "split"] = "colocated"
+    """Engines and policy on the same devices (engines sleep during training), or disjoint pools."""
+    data_parallel: int = 1
+    """Data-parallel size of the policy (devices = TP x PP x DP)."""
+    cpus_per_worker: float = 1.0
+    """Ray CPUs reserved per worker on CPU runs."""
+
+    def __post_init__(self) -> None:
+        if self.data_parallel < 1:
+            raise ConfigError("data_parallel", f"must be >= 1, got {self.data_parallel}")
+        if self.cpus_per_worker <= 0:
+            raise ConfigError("cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}")

@@ -1,0 +1,29 @@
+"""Settings of the policy model: which checkpoint, and how it is split over devices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_pc.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    """The policy (and reference) model."""
+
+    path: str = "runs/models/tiny-qwen2-arith"
+    """A Hugging Face model directory (config.json + safetensors). For the tiny CPU run the
+    project makes it itself (``megatron-pc make-tiny-model``) when it is missing."""
+    tensor_parallel: int = 1
+    """Tensor-parallel size of the Megatron policy."""
+    pipeline_parallel: int = 1
+    """Pipeline-parallel size of the Megatron policy."""
+    params_dtype: str = "auto"
+    """``auto`` (bf16 on GPU, fp32 on CPU), ``float32`` or ``bfloat16``."""
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel", "pipeline_parallel"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.params_dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigError("params_dtype", f"must be auto, float32 or bfloat16, got {self.params_dtype!r}")

@@ -1,0 +1,76 @@
+"""Settings of the policy update: optimizer, schedule, loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron_pc.errors import ConfigError
+
+
+@dataclass
+class TrainingConfig:
+    """Optimizer, schedule and policy loss. Defaults: the tiny CPU run (see CPU_RL_NOTES)."""
+
+    steps: int = 40
+    """Optimizer steps in the run."""
+    lr: float = 3e-4
+    """Peak learning rate (reference runs at scale: 1e-6)."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (reference runs: 0.1)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.99
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    mini_batch: int = 32
+    """Prompts per optimizer step within a train batch (train_batch / mini_batch updates per step)."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one packed micro-batch."""
+    clip_low: float = 0.2
+    """PPO ratio clip below 1 (eps_low)."""
+    clip_high: float = 0.28
+    """PPO ratio clip above 1 (eps_high; clip-higher)."""
+    dual_clip: float | None = 10.0
+    """Dual-clip constant c for negative advantages; None disables it."""
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses are averaged."""
+    kl_coef: float = 0.0
+    """Weight of the KL loss against the reference model (0: no reference model is run)."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """KL estimator."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight."""
+    std_normalize: bool = True
+    """Divide group advantages by the group's reward std (GRPO)."""
+    tis_cap: float | None = None
+    """Truncated importance weight against the generating engine's log-probs; None: off."""
+    validate_every: int = 10
+    """Validation every K steps (and at the start and the end)."""
+    save_every: int = 10
+    """Checkpoint every K steps (and on SIGTERM/SIGUSR1)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "mini_batch", "micro_batch_tokens", "validate_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ConfigError("lr", f"must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ConfigError("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(name, f"must lie in [0, 1), got {getattr(self, name)}")
+        for name in ("clip_low", "clip_high"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ConfigError(name, f"must lie in (0, 1), got {getattr(self, name)}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ConfigError("dual_clip", f"must be > 1 (or null to disable), got {self.dual_clip}")
+        for name in ("grad_clip", "kl_coef", "entropy_coef", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ConfigError("tis_cap", f"must be > 0 (or null to disable), got {self.tis_cap}")
