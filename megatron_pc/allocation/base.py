@@ -1,0 +1,230 @@
+"""What every allocation strategy shares: the step/round cycle, the batch, accounting, state.
+
+The driver runs, for every strategy alike::
+
+    while not strategy.batch_ready():
+        plan = strategy.plan_round()          # which prompts, how many rollouts each
+        results = engines.generate(plan)      # ONE call for the whole round
+        strategy.observe(plan, results)       # rewarded rollouts in, groups out
+    step = strategy.finish_step()             # the train batch and its accounting
+
+Strategies never touch a device, a process group or an engine.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Sequence
+
+from megatron_pc.allocation.accounting import Accounting
+from megatron_pc.allocation.config import AllocationConfig
+from megatron_pc.allocation.pool import PromptPool
+from megatron_pc.allocation.rng import rng_from_json, rng_to_json
+from megatron_pc.allocation.trace import NullTrace, TraceSink
+from megatron_pc.allocation.types import Request, RequestKind, Rollout, RoundPlan, StepResult, TrainGroup
+from megatron_pc.errors import ConfigError, RoundLimitError
+
+
+class AllocationStrategy(ABC):
+    """Plans generation rounds and assembles the train batch of each step."""
+
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        cfg: AllocationConfig,
+        pool_size: int,
+        seed: int,
+        generation_ranks: int = 1,
+        trace: TraceSink | None = None,
+    ) -> None:
+        cfg.check_generation_ranks(generation_ranks, field_prefix="allocation")
+        if pool_size < cfg.train_batch:
+            raise ConfigError(
+                "allocation.train_batch",
+                f"the prompt pool has {pool_size} prompts, fewer than train_batch ({cfg.train_batch}): a batch would repeat prompts",
+            )
+        self.cfg = cfg
+        self.ranks = generation_ranks
+        self.trace: TraceSink = trace if trace is not None else NullTrace()
+        self.pool = PromptPool(pool_size, seed)
+        self.acct = Accounting()
+        self.step = 1
+        self.round = 0
+        self.batch: list[TrainGroup] = []
+        self._rng = random.Random(seed + 1)
+        self._pending: RoundPlan | None = None
+
+    # ---- the cycle -------------------------------------------------------------------
+    def batch_ready(self) -> bool:
+        """True when this step's batch is complete (or may be trained partially)."""
+        if len(self.batch) >= self.cfg.train_batch:
+            return True
+        return self.cfg.on_round_limit == "train_partial" and self.round >= self.cfg.max_rounds and bool(self.batch)
+
+    def plan_round(self) -> RoundPlan:
+        """The next generation round. Raises RoundLimitError when the limit is spent."""
+        if self._pending is not None:
+            raise RuntimeError("plan_round called twice without observe: every plan must be observed")
+        if self.batch_ready():
+            raise RuntimeError("the train batch is complete: call finish_step before planning more rounds")
+        if self.round >= self.cfg.max_rounds:
+            raise RoundLimitError(self._round_limit_message())
+        if self.pool.drawable == 0:
+            raise RoundLimitError(f"step {self.step}: every prompt of the pool has been evicted; nothing is left to train on")
+        self.round += 1
+        self.acct.add("rounds")
+        plan = RoundPlan(self.step, self.round, self._plan_requests())
+        self._pending = plan
+        for kind in ("pilot", "commit", "full"):
+            self.acct.add(f"generated_{kind}", plan.rollouts_of(kind))
+        self.acct.add("generated", plan.total_rollouts)
+        return plan
+
+    def observe(self, plan: RoundPlan, results: Sequence[Sequence[Rollout]]) -> None:
+        """Take the rewarded rollouts of ``plan``: ``results[i]`` answers ``plan.requests[i]``."""
+        if plan is not self._pending:
+            raise RuntimeError("observe got a plan that is not the pending one")
+        if len(results) != len(plan.requests):
+            raise ValueError(f"round {plan.round}: {len(plan.requests)} requests but {len(results)} results")
+        for i, (req, got) in enumerate(zip(plan.requests, results)):
+            if len(got) != req.n:
+                raise ValueError(f"round {plan.round}, request {i} (prompt {req.prompt}, {req.kind}): asked for {req.n} rollouts, got {len(got)}")
+        self._pending = None
+        self._observe(plan, results)
+
+    def finish_step(self) -> StepResult:
+        """Hand over the train batch, close the step's accounting and start the next step."""
+        if not self.batch_ready():
+            raise RuntimeError(f"step {self.step}: the train batch has {len(self.batch)}/{self.cfg.train_batch} groups")
+        groups, self.batch = self.batch, []
+        partial = len(groups) < self.cfg.train_batch
+        for g in groups:
+            self.trace.emit({"event": "train_group", "step": self.step, "prompt": g.prompt, "size": g.size, "successes": g.successes})
+        self.acct.add("trained_groups", len(groups))
+        self.acct.add("trained_rollouts", sum(g.size for g in groups))
+        self.acct.add("partial_steps", int(partial))
+        age_evicted = self._end_step()
+        gauges = self._gauges(groups)
+        metrics = self.acct.close_step(gauges)
+        self.trace.emit(
+            {
+                "event": "step_end",
+                "step": self.step,
+                "generated": {k: metrics[f"generated_{k}"] for k in ("pilot", "commit", "full")},
+                "trained": metrics["trained_rollouts"],
+                "buffer_size": gauges["buffer_size"],
+                "age_evicted": age_evicted,
+                "rounds": metrics["rounds"],
+                "partial": partial,
+            }
+        )
+        self.trace.flush()
+        result = StepResult(self.step, groups, metrics, partial)
+        self.step += 1
+        self.round = 0
+        return result
+
+    # ---- shared helpers --------------------------------------------------------------
+    def _draw(self, k: int) -> list[int]:
+        """Draw ``k`` prompts, crossing into the next epoch when this one runs out."""
+        out = self.pool.draw(k)
+        while len(out) < k:
+            self._end_epoch()
+            out += self.pool.draw(k - len(out))
+        self.acct.add("prompts_drawn", len(out))
+        return out
+
+    def _end_epoch(self) -> None:
+        self._on_epoch_end()
+        self.pool.end_epoch()
+        self.trace.emit({"event": "epoch_end", "step": self.step, "epoch": self.pool.epoch - 1, "evicted_total": self.pool.counts()["evicted"]})
+
+    def _gauges(self, groups: list[TrainGroup]) -> dict[str, float]:
+        n = max(len(groups), 1)
+        rewards = [r.reward for g in groups for r in g.rollouts]
+        return {
+            "step": self.step,
+            "epoch": self.pool.epoch,
+            "batch_groups": len(groups),
+            "reward_mean": sum(rewards) / max(len(rewards), 1),
+            "zero_variance_share": sum(1 for g in groups if g.reward_variance == 0.0) / n,
+            "group_reward_var_mean": sum(g.reward_variance for g in groups) / n,
+            "buffer_size": self._buffer_size(),
+            "pool_active": self.pool.counts()["active"],
+            "pool_deferred": self.pool.counts()["deferred"],
+            "pool_evicted": self.pool.counts()["evicted"],
+            **self._extra_gauges(groups),
+        }
+
+    def _round_limit_message(self) -> str:
+        return (
+            f"step {self.step}: the train batch holds {len(self.batch)}/{self.cfg.train_batch} groups after "
+            f"{self.cfg.max_rounds} generation rounds (allocation.max_rounds). {self._shortfall_hint()} "
+            "Set allocation.on_round_limit=train_partial to train on the partial batch instead."
+        )
+
+    # ---- what strategies provide -------------------------------------------------------
+    @abstractmethod
+    def _plan_requests(self) -> list[Request]:
+        """The requests of the next round."""
+
+    @abstractmethod
+    def _observe(self, plan: RoundPlan, results: Sequence[Sequence[Rollout]]) -> None:
+        """Classify results and append finished groups to ``self.batch``."""
+
+    def _end_step(self) -> int:
+        """Per-step housekeeping; returns how many buffered pilots aged out."""
+        return 0
+
+    def _on_epoch_end(self) -> None:
+        """Epoch-end housekeeping before the pool reshuffles."""
+
+    def _buffer_size(self) -> int:
+        return 0
+
+    def _extra_gauges(self, groups: list[TrainGroup]) -> dict[str, float]:
+        return {}
+
+    def _shortfall_hint(self) -> str:
+        return ""
+
+    # ---- state -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready state between rounds; restoring it reproduces every future decision."""
+        if self._pending is not None:
+            raise RuntimeError("cannot save allocation state while a round is being generated")
+        return {
+            "strategy": self.name,
+            "step": self.step,
+            "round": self.round,
+            "batch": [g.to_json() for g in self.batch],
+            "rng": rng_to_json(self._rng),
+            "pool": self.pool.state_dict(),
+            "accounting": self.acct.state_dict(),
+            **self._extra_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (from the same strategy)."""
+        if state["strategy"] != self.name:
+            raise ValueError(f"checkpoint holds {state['strategy']!r} allocation state, this run uses {self.name!r}")
+        self.step = state["step"]
+        self.round = state["round"]
+        self.batch = [TrainGroup.from_json(g) for g in state["batch"]]
+        self._rng = rng_from_json(state["rng"])
+        self.pool.load_state_dict(state["pool"])
+        self.acct.load_state_dict(state["accounting"])
+        self._load_extra_state(state)
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def full_requests(prompts: list[int], n: int, kind: RequestKind = "full") -> list[Request]:
+    """``n`` rollouts for each prompt."""
+    return [Request(p, n, kind) for p in prompts]

@@ -1,0 +1,46 @@
+"""DAPO dynamic sampling: draw batches of prompts, drop groups whose rewards are all equal,
+keep drawing until train_batch groups survive. Survivors beyond the batch are discarded
+(as in the reference), but their rollouts were generated and are counted."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from megatron_pc.allocation.base import AllocationStrategy, full_requests
+from megatron_pc.allocation.types import Request, Rollout, RoundPlan, TrainGroup
+
+
+class DAPO(AllocationStrategy):
+    """Rounds of dapo_batch prompts x n rollouts; zero-variance groups are never trained."""
+
+    name = "dapo"
+
+    def _plan_requests(self) -> list[Request]:
+        return full_requests(self._draw(self.cfg.rollouts_per_dapo_round), self.cfg.n)
+
+    def _observe(self, plan: RoundPlan, results: Sequence[Sequence[Rollout]]) -> None:
+        for req, rollouts in zip(plan.requests, results):
+            group = TrainGroup(req.prompt, list(rollouts), self.step)
+            informative = group.reward_variance > 0.0
+            kept = informative and len(self.batch) < self.cfg.train_batch
+            if kept:
+                self.batch.append(group)
+            elif informative:
+                self.acct.add("groups_surplus")
+            else:
+                self.acct.add("groups_filtered")
+            self.trace.emit(
+                {
+                    "event": "full",
+                    "step": plan.step,
+                    "round": plan.round,
+                    "prompt": req.prompt,
+                    "n": req.n,
+                    "successes": group.successes,
+                    "kept": kept,
+                    "reason": "kept" if kept else ("surplus" if informative else "zero_variance"),
+                }
+            )
+
+    def _shortfall_hint(self) -> str:
+        return "Too many groups had all-equal rewards: the data are too easy or too hard for the policy."
