@@ -166,6 +166,12 @@ def _coerce(value: Any, tp: Any, dotted: str) -> Any:
             raise ConfigError(dotted, f"must be an integer, got {_describe(value)}")
         return value
     if tp is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads 1e-5 (no dot) as a string; accept what Python reads as a number.
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(dotted, f"must be a number, got {_describe(value)}")
         return float(value)

@@ -45,6 +45,8 @@ class AllocationStrategy(ABC):
                 "allocation.train_batch",
                 f"the prompt pool has {pool_size} prompts, fewer than train_batch ({cfg.train_batch}): a batch would repeat prompts",
             )
+        if cfg.strategy == "dapo" and pool_size < cfg.rollouts_per_dapo_round:
+            raise ConfigError("allocation.dapo_batch", f"the prompt pool has {pool_size} prompts, fewer than one DAPO round draws ({cfg.rollouts_per_dapo_round})")
         self.cfg = cfg
         self.ranks = generation_ranks
         self.trace: TraceSink = trace if trace is not None else NullTrace()
@@ -61,7 +63,8 @@ class AllocationStrategy(ABC):
         """True when this step's batch is complete (or may be trained partially)."""
         if len(self.batch) >= self.cfg.train_batch:
             return True
-        return self.cfg.on_round_limit == "train_partial" and self.round >= self.cfg.max_rounds and bool(self.batch)
+        # train_partial: the step ends even with an empty batch (the trainer then skips the update).
+        return self.cfg.on_round_limit == "train_partial" and self.round >= self.cfg.max_rounds
 
     def plan_round(self) -> RoundPlan:
         """The next generation round. Raises RoundLimitError when the limit is spent."""
@@ -129,10 +132,12 @@ class AllocationStrategy(ABC):
     # ---- shared helpers --------------------------------------------------------------
     def _draw(self, k: int) -> list[int]:
         """Draw ``k`` prompts, crossing into the next epoch when this one runs out."""
+        if k > self.pool.drawable:
+            raise RoundLimitError(f"step {self.step}: a round needs {k} distinct prompts but only {self.pool.drawable} are left in the pool")
         out = self.pool.draw(k)
         while len(out) < k:
             self._end_epoch()
-            out += self.pool.draw(k - len(out))
+            out += self.pool.draw(k - len(out), exclude=set(out))  # no prompt twice in one batch
         self.acct.add("prompts_drawn", len(out))
         return out
 

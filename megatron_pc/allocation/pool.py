@@ -45,9 +45,22 @@ class PromptPool:
         """Prompts that an epoch draws (all but the evicted)."""
         return self.size - len(self._evicted)
 
-    def draw(self, k: int) -> list[int]:
-        """The next ``k`` prompts of this epoch (fewer if the epoch runs out)."""
-        out = self._order[self._cursor : self._cursor + k]
+    def draw(self, k: int, exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
+        """The next ``k`` prompts of this epoch (fewer if the epoch runs out).
+
+        Prompts in ``exclude`` (already in a batch that crosses an epoch boundary) are passed
+        over and stay next in line.
+        """
+        if not exclude:
+            out = self._order[self._cursor : self._cursor + k]
+            self._cursor += len(out)
+            return out
+        out, passed = [], []
+        i = self._cursor
+        while i < len(self._order) and len(out) < k:
+            (passed if self._order[i] in exclude else out).append(self._order[i])
+            i += 1
+        self._order[self._cursor : i] = out + passed
         self._cursor += len(out)
         return out
 

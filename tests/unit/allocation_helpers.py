@@ -1,0 +1,48 @@
+"""A deterministic stand-in for the policy at the engine edge: prompt i succeeds with a fixed
+probability, and each rollout's outcome is a pure function of (seed, step, round, prompt, k),
+so two runs that make the same decisions see the same rewards."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from megatron_pc.allocation import AllocationStrategy, Rollout, RoundPlan, StepResult
+
+
+class BernoulliPolicy:
+    """Prompt ``i`` is solved with probability ``rates[i]``."""
+
+    def __init__(self, rates: list[float], seed: int = 0) -> None:
+        self.rates = rates
+        self.seed = seed
+
+    def generate(self, plan: RoundPlan) -> list[list[Rollout]]:
+        """Rewarded rollouts for every request of the plan, in order."""
+        out = []
+        for i, req in enumerate(plan.requests):
+            rng = random.Random(hash((self.seed, plan.step, plan.round, i, req.prompt)))
+            wins = [rng.random() < self.rates[req.prompt] for _ in range(req.n)]
+            out.append([Rollout(float(w), w, {"prompt": req.prompt, "k": k}) for k, w in enumerate(wins)])
+        return out
+
+
+def run_steps(strategy: AllocationStrategy, policy: BernoulliPolicy, steps: int) -> list[StepResult]:
+    """Drive ``steps`` steps the way the trainer does."""
+    results = []
+    for _ in range(steps):
+        while not strategy.batch_ready():
+            plan = strategy.plan_round()
+            strategy.observe(plan, policy.generate(plan))
+        results.append(strategy.finish_step())
+    return results
+
+
+def spread_rates(size: int, seed: int, easy: float = 0.2, hard: float = 0.2) -> list[float]:
+    """Success rates with a share of always-solved and never-solved prompts, the rest uniform."""
+    rng = random.Random(seed)
+    rates: list[Any] = []
+    for _ in range(size):
+        u = rng.random()
+        rates.append(1.0 if u < easy else 0.0 if u < easy + hard else rng.random())
+    return rates
