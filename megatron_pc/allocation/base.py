@@ -148,13 +148,14 @@ class AllocationStrategy(ABC):
 
     def _gauges(self, groups: list[TrainGroup]) -> dict[str, float]:
         n = max(len(groups), 1)
-        rewards = [r.reward for g in groups for r in g.rollouts]
+        rewards = sum((g.reward_sum for g in groups), 0.0)
+        rollouts = sum(g.size for g in groups)
         return {
             "step": self.step,
             "epoch": self.pool.epoch,
             "batch_groups": len(groups),
-            "reward_mean": sum(rewards) / max(len(rewards), 1),
-            "zero_variance_share": sum(1 for g in groups if g.reward_variance == 0.0) / n,
+            "reward_mean": rewards / max(rollouts, 1),
+            "zero_variance_share": sum(1 for g in groups if not g.informative) / n,
             "group_reward_var_mean": sum(g.reward_variance for g in groups) / n,
             "buffer_size": self._buffer_size(),
             "pool_active": self.pool.counts()["active"],

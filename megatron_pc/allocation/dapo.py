@@ -21,7 +21,7 @@ class DAPO(AllocationStrategy):
     def _observe(self, plan: RoundPlan, results: Sequence[Sequence[Rollout]]) -> None:
         for req, rollouts in zip(plan.requests, results):
             group = TrainGroup(req.prompt, list(rollouts), self.step)
-            informative = group.reward_variance > 0.0
+            informative = group.informative
             kept = informative and len(self.batch) < self.cfg.train_batch
             if kept:
                 self.batch.append(group)

@@ -60,7 +60,7 @@ class PilotCommit(AllocationStrategy):
 
     def _classify_pilot(self, plan: RoundPlan, req: Request, rollouts: list[Rollout]) -> None:
         cfg = self.cfg
-        successes = sum(1 for r in rollouts if r.correct)
+        successes = [r.correct for r in rollouts].count(True)
         p_hat = successes / len(rollouts)
         self.acct.add("prompts_piloted")
         if p_hat > cfg.p_upper:

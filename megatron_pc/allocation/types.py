@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 RequestKind = Literal["pilot", "commit", "full"]
@@ -76,17 +78,31 @@ class TrainGroup:
         """Rollouts in the group."""
         return len(self.rollouts)
 
-    @property
+    @cached_property
     def successes(self) -> int:
         """Correct rollouts in the group."""
-        return sum(1 for r in self.rollouts if r.correct)
+        return [r.correct for r in self.rollouts].count(True)
 
-    @property
-    def reward_variance(self) -> float:
-        """Population variance of the group's rewards (0 for a group with no learning signal)."""
+    @cached_property
+    def informative(self) -> bool:
+        """False when every reward is equal: such a group has zero advantage and no gradient."""
         rewards = [r.reward for r in self.rollouts]
-        mean = sum(rewards) / len(rewards)
-        return sum((x - mean) ** 2 for x in rewards) / len(rewards)
+        return max(rewards) != min(rewards)
+
+    @cached_property
+    def reward_sum(self) -> float:
+        """Sum of the group's rewards."""
+        return sum(r.reward for r in self.rollouts)
+
+    @cached_property
+    def reward_variance(self) -> float:
+        """Population variance of the group's rewards (exactly 0 for an uninformative group)."""
+        if not self.informative:
+            return 0.0
+        rewards = [r.reward for r in self.rollouts]
+        mean = self.reward_sum / len(rewards)
+        dev = [x - mean for x in rewards]
+        return sum(map(operator.mul, dev, dev)) / len(rewards)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""

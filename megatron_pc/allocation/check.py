@@ -1,0 +1,73 @@
+"""Check an allocation trace against the invariants every run must satisfy.
+
+Used by the tests and by ``megatron-pc train`` users who want to audit a run: it reads only
+the trace, so it checks what actually happened, not what the code meant to do.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable
+
+from megatron_pc.allocation.config import AllocationConfig
+
+
+def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list[str]:
+    """Every broken invariant of one run's trace, as readable lines (empty: all hold)."""
+    problems: list[str] = []
+    kept_pilot: dict[int, int] = {}  # prompt -> step of its waiting kept pilot
+    evicted: set[int] = set()
+    generated: dict[int, dict[str, int]] = defaultdict(lambda: {"pilot": 0, "commit": 0, "full": 0})
+    trained: dict[int, int] = defaultdict(int)
+    for e in events:
+        kind, step = e["event"], e.get("step")
+        if kind in ("pilot", "full") and e["prompt"] in evicted:
+            problems.append(f"step {step}: evicted prompt {e['prompt']} was drawn again")
+        if kind == "pilot":
+            generated[step]["pilot"] += e["n"]
+            problems += _check_pilot(e, cfg)
+            if e["decision"] == "keep":
+                kept_pilot[e["prompt"]] = step
+            if e["evict"]:
+                evicted.add(e["prompt"])
+        elif kind == "commit":
+            generated[step]["commit"] += e["n"]
+            if kept_pilot.pop(e["prompt"], None) != e["pilot_step"]:
+                problems.append(f"step {step}: commit of prompt {e['prompt']} has no waiting kept pilot from step {e['pilot_step']}")
+            if not 0 <= step - e["pilot_step"] <= cfg.buffer.max_age:
+                problems.append(f"step {step}: prompt {e['prompt']} committed {step - e['pilot_step']} steps after its pilot (max_age {cfg.buffer.max_age})")
+        elif kind == "full":
+            generated[step]["full"] += e["n"]
+        elif kind == "train_group":
+            trained[step] += e["size"]
+            problems += _check_group(e, cfg)
+        elif kind == "step_end":
+            if e["generated"] != generated[step]:
+                problems.append(f"step {step}: step_end reports generated {e['generated']}, the events add up to {dict(generated[step])}")
+            if e["trained"] != trained[step]:
+                problems.append(f"step {step}: step_end reports {e['trained']} trained rollouts, train_group events add up to {trained[step]}")
+            if cfg.strategy == "grpo" and e["trained"] != cfg.train_batch * cfg.n:
+                problems.append(f"step {step}: GRPO trained {e['trained']} rollouts, not train_batch x n = {cfg.train_batch * cfg.n}")
+        elif kind == "epoch_end" and cfg.strategy == "pilot_commit":
+            kept_pilot.clear()  # the buffer is dropped at epoch end
+    return problems
+
+
+def _check_pilot(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
+    p_hat = e["successes"] / e["n"]
+    expected = "too_easy" if p_hat > cfg.p_upper else "too_hard" if p_hat < cfg.p_lower else "keep"
+    out = []
+    if e["decision"] != expected:
+        out.append(f"step {e['step']}: prompt {e['prompt']} with p_hat {p_hat:.3f} was {e['decision']}, expected {expected}")
+    if e["evict"] != (p_hat >= cfg.p_evict):
+        out.append(f"step {e['step']}: prompt {e['prompt']} with p_hat {p_hat:.3f} evict={e['evict']} (p_evict {cfg.p_evict})")
+    return out
+
+
+def _check_group(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
+    out = []
+    if e["size"] != cfg.n:
+        out.append(f"step {e['step']}: training group of prompt {e['prompt']} has {e['size']} rollouts, not n = {cfg.n}")
+    if cfg.strategy == "dapo" and e["successes"] in (0, e["size"]):
+        out.append(f"step {e['step']}: DAPO trained on prompt {e['prompt']} whose rollouts all scored alike")
+    return out

@@ -1,0 +1,298 @@
+"""``megatron-pc simulate``: compare allocation strategies on a simulated policy, in seconds.
+
+The real allocation strategies (the same classes the trainer drives) run against a stand-in
+for the policy, so the comparison exercises every decision they make at full batch sizes.
+
+The model, and why
+------------------
+* Prompt i has a latent difficulty d_i ~ Normal(difficulty_mean, difficulty_std). The policy
+  has one skill s; it solves prompt i with probability p_i = sigmoid(s - d_i) (a Rasch /
+  item-response model). A wide difficulty spread gives what real pools show: many prompts
+  that are always or never solved, i.e. zero-variance GRPO groups.
+* Learning signal. For a logistic p_i, d p_i / d s = p_i (1 - p_i): the expected policy
+  gradient a prompt contributes is largest at p = 1/2, which is Proposition 3.1 of the paper
+  (see ../shared/docs/PILOT_COMMIT.md). A sampled GRPO group with empirical success rate q
+  and std-normalised advantages contributes a gradient whose size along s is proportional to
+  sqrt(q (1 - q)) (its reward std), and exactly 0 for an all-equal group. The optimizer step
+  averages over the groups of the train batch (token-mean loss with equal-length responses),
+  so one step moves the skill by
+      delta_s = lr * mean_over_groups( sqrt(q_g (1 - q_g)) )  [+ Normal(0, noise) jitter]
+  and each trained prompt also gets easier by local_lr * sqrt(q_g (1 - q_g)) (fitting the
+  prompt itself).
+* Validation accuracy is the exact expected accuracy sigmoid(s - d_j) averaged over a
+  held-out set of difficulties (no sampling noise), measured after every step.
+
+What it does NOT model: response lengths and token-level effects (so DAPO's overlong shaping
+and token-mean vs sequence-mean differences are invisible); off-policy staleness of
+committed pilot rollouts (the paper finds it small; here it costs nothing); wall-clock time
+(only rollouts are counted); generalisation that differs by topic; forgetting. Use it to
+compare rollout allocation, not to predict accuracy of a real model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron_pc.allocation import Rollout, RoundPlan, build_strategy
+from megatron_pc.allocation.trace import NullTrace, TraceSink, TraceWriter
+from megatron_pc.config import Config, load_config
+from megatron_pc.errors import ConfigError
+
+
+@dataclass
+class SimConfig:
+    """The simulated policy and the comparison."""
+
+    pool_size: int = 20_000
+    """Training prompts."""
+    validation_size: int = 2_000
+    """Held-out prompts for the expected validation accuracy."""
+    difficulty_mean: float = 1.0
+    """Mean latent difficulty (skill starts at 0: the start accuracy is well below 1/2)."""
+    difficulty_std: float = 3.0
+    """Spread of difficulties; a wide spread makes many all-correct / all-wrong groups."""
+    lr: float = 0.02
+    """Skill gained per step from a batch whose every group has reward std 1/2."""
+    local_lr: float = 0.5
+    """How much easier a trained prompt becomes, per unit of its group's reward std."""
+    noise: float = 0.0
+    """Std of a random jitter added to each step's skill change."""
+    target_accuracy: float = 0.6
+    """Validation accuracy a run must reach; rollouts spent until then are the score."""
+    max_steps: int = 400
+    """A run that has not reached the target by then is reported as not reaching it."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    """One run per seed and strategy."""
+    strategies: list[str] = field(default_factory=lambda: ["pilot_commit", "grpo", "dapo"])
+    """Strategies to compare."""
+
+
+class SimulatedPolicy:
+    """Solves prompt i with probability sigmoid(skill - difficulty_i); learns from groups."""
+
+    def __init__(self, sim: SimConfig, seed: int) -> None:
+        rng = random.Random(seed)
+        self.sim = sim
+        self.skill = 0.0
+        self.difficulty = [rng.gauss(sim.difficulty_mean, sim.difficulty_std) for _ in range(sim.pool_size)]
+        self.validation = [rng.gauss(sim.difficulty_mean, sim.difficulty_std) for _ in range(sim.validation_size)]
+        self._rng = random.Random(seed + 7919)
+
+    def p(self, prompt: int) -> float:
+        """Probability of solving a training prompt now."""
+        return _sigmoid(self.skill - self.difficulty[prompt])
+
+    def generate(self, plan: RoundPlan) -> list[list[Rollout]]:
+        """Sampled, rewarded rollouts for every request of the round."""
+        out = []
+        for req in plan.requests:
+            p = self.p(req.prompt)
+            wins = [self._rng.random() < p for _ in range(req.n)]
+            out.append([Rollout(1.0 if w else 0.0, w) for w in wins])
+        return out
+
+    def train(self, groups: list[Any]) -> None:
+        """One optimizer step on a batch of groups (see the module docstring)."""
+        if not groups:
+            return
+        signals = []
+        for g in groups:
+            q = g.successes / g.size
+            signal = math.sqrt(q * (1.0 - q))
+            signals.append(signal)
+            self.difficulty[g.prompt] -= self.sim.local_lr * signal
+        jitter = self._rng.gauss(0.0, self.sim.noise) if self.sim.noise else 0.0
+        self.skill += self.sim.lr * (sum(signals) / len(signals)) / 0.5 + jitter
+
+    def validation_accuracy(self) -> float:
+        """Exact expected accuracy on the held-out prompts."""
+        return sum(_sigmoid(self.skill - d) for d in self.validation) / len(self.validation)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
+
+
+def run_one(cfg: Config, sim: SimConfig, strategy: str, seed: int, trace: TraceSink | None = None) -> dict[str, Any]:
+    """Train one simulated policy with one strategy; return when it hits the target or max_steps."""
+    alloc = _with_strategy(cfg, strategy)
+    policy = SimulatedPolicy(sim, seed)
+    strat = build_strategy(alloc, sim.pool_size, seed, cfg.rollout.engines, trace)
+    start_acc = acc = policy.validation_accuracy()
+    curve = [(0, 0, acc)]
+    reached_at: tuple[int, int] | None = None
+    for step in range(1, sim.max_steps + 1):
+        while not strat.batch_ready():
+            plan = strat.plan_round()
+            strat.observe(plan, policy.generate(plan))
+        result = strat.finish_step()
+        policy.train(result.groups)
+        acc = policy.validation_accuracy()
+        generated = int(result.metrics["cum_generated"])
+        curve.append((step, generated, acc))
+        if acc >= sim.target_accuracy:
+            reached_at = (step, generated)
+            break
+    m = result.metrics
+    return {
+        "strategy": strategy,
+        "seed": seed,
+        "reached": reached_at is not None,
+        "steps_to_target": reached_at[0] if reached_at else None,
+        "rollouts_to_target": reached_at[1] if reached_at else None,
+        "start_accuracy": start_acc,
+        "final_accuracy": acc,
+        "steps": curve[-1][0],
+        "rollouts_generated": int(m["cum_generated"]),
+        "rollouts_trained": int(m["cum_trained_rollouts"]),
+        "prompts_evicted": int(m["cum_prompts_evicted"]),
+        "curve": curve,
+    }
+
+
+def _with_strategy(cfg: Config, strategy: str) -> Any:
+    from megatron_pc.config import from_dict, to_dict
+    from megatron_pc.allocation.config import AllocationConfig
+
+    data = to_dict(cfg.allocation)
+    data["strategy"] = strategy
+    return from_dict(AllocationConfig, data, "allocation")
+
+
+def summarize(runs: list[dict[str, Any]], strategies: list[str]) -> dict[str, Any]:
+    """Median and spread of rollouts-to-target per strategy, and ratios against Pilot-Commit."""
+    summary: dict[str, Any] = {}
+    for name in strategies:
+        mine = [r for r in runs if r["strategy"] == name]
+        hits = [r["rollouts_to_target"] for r in mine if r["reached"]]
+        summary[name] = {
+            "runs": len(mine),
+            "reached": len(hits),
+            "median_rollouts_to_target": statistics.median(hits) if hits else None,
+            "min_rollouts_to_target": min(hits) if hits else None,
+            "max_rollouts_to_target": max(hits) if hits else None,
+            "median_steps_to_target": statistics.median([r["steps_to_target"] for r in mine if r["reached"]]) if hits else None,
+            "mean_final_accuracy": statistics.fmean(r["final_accuracy"] for r in mine),
+        }
+    pc = summary.get("pilot_commit", {}).get("median_rollouts_to_target")
+    for name, s in summary.items():
+        s["x_vs_pilot_commit"] = (s["median_rollouts_to_target"] / pc) if pc and s["median_rollouts_to_target"] else None
+    return summary
+
+
+def format_table(summary: dict[str, Any], sim: SimConfig, start_acc: float) -> str:
+    """A human-readable comparison table."""
+    lines = [
+        f"target validation accuracy {sim.target_accuracy:.3f} (start {start_acc:.3f}), {len(sim.seeds)} seeds, "
+        f"pool {sim.pool_size}, at most {sim.max_steps} steps",
+        f"{'strategy':<14}{'reached':>8}{'median rollouts':>17}{'min':>10}{'max':>10}{'steps':>8}{'vs PC':>8}",
+    ]
+    for name, s in summary.items():
+        med, ratio = s["median_rollouts_to_target"], s["x_vs_pilot_commit"]
+        lo, hi, steps = s["min_rollouts_to_target"], s["max_rollouts_to_target"], s["median_steps_to_target"]
+        lines.append(
+            f"{name:<14}{s['reached']:>5}/{s['runs']:<2}"
+            + (f"{med:>17,.0f}{lo:>10,}{hi:>10,}{steps:>8.0f}" if med else f"{'not reached':>17}{'-':>10}{'-':>10}{'-':>8}")
+            + (f"{ratio:>7.2f}x" if ratio else f"{'-':>8}")
+        )
+    return "\n".join(lines)
+
+
+class _Tagged:
+    """Adds the run's strategy and seed to every trace event."""
+
+    def __init__(self, sink: TraceSink, strategy: str, seed: int) -> None:
+        self.sink, self.tags = sink, {"strategy": strategy, "seed": seed}
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.sink.emit({**event, **self.tags})
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="megatron-pc simulate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", nargs="?", help="experiment YAML (its allocation section is used); default: embedded")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. allocation.pilot.n=8")
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    parser.add_argument("--trace", metavar="FILE", help="write every allocation decision as JSON lines")
+    parser.add_argument("--seeds", type=int, help="number of seeds (0..N-1)")
+    parser.add_argument("--strategies", help="comma-separated strategies to compare")
+    for name in ("pool_size", "max_steps"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int)
+    for name in ("target_accuracy", "difficulty_mean", "difficulty_std", "lr", "local_lr", "noise"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float)
+    return parser.parse_args(argv)
+
+
+def _sim_config(args: argparse.Namespace) -> SimConfig:
+    sim = SimConfig()
+    for name in ("pool_size", "max_steps", "target_accuracy", "difficulty_mean", "difficulty_std", "lr", "local_lr", "noise"):
+        if getattr(args, name) is not None:
+            setattr(sim, name, getattr(args, name))
+    if args.seeds is not None:
+        if args.seeds < 1:
+            raise ConfigError("--seeds", f"must be >= 1, got {args.seeds}")
+        sim.seeds = list(range(args.seeds))
+    if args.strategies:
+        sim.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not 0.0 < sim.target_accuracy < 1.0:
+        raise ConfigError("--target-accuracy", f"must lie in (0, 1), got {sim.target_accuracy}")
+    for name in ("pool_size", "max_steps"):
+        if getattr(sim, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}", f"must be >= 1, got {getattr(sim, name)}")
+    return sim
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every strategy on every seed and print rollouts-to-target."""
+    args = _parse(list(sys.argv[1:] if argv is None else argv))
+    config_path = args.config
+    overrides = list(args.overrides)
+    if config_path and "=" in config_path:  # only overrides were given
+        overrides.insert(0, config_path)
+        config_path = None
+    cfg = load_config(config_path, overrides)
+    sim = _sim_config(args)
+    for name in sim.strategies:
+        _with_strategy(cfg, name)  # validate each strategy's settings before any work
+    writer = TraceWriter(args.trace) if args.trace else None
+    t0 = time.perf_counter()
+    runs = []
+    for name in sim.strategies:
+        for seed in sim.seeds:
+            trace = _Tagged(writer, name, seed) if writer else NullTrace()
+            runs.append(run_one(cfg, sim, name, seed, trace))
+    summary = summarize(runs, sim.strategies)
+    seconds = time.perf_counter() - t0
+    if args.json:
+        out = {"sim": sim.__dict__, "allocation": _alloc_summary(cfg), "summary": summary, "runs": runs, "seconds": seconds}
+        print(json.dumps(out, indent=1))
+    else:
+        print(format_table(summary, sim, runs[0]["start_accuracy"]))
+        print(f"({seconds:.1f} s)")
+    return 0
+
+
+def _alloc_summary(cfg: Config) -> dict[str, Any]:
+    a = cfg.allocation
+    return {
+        "train_batch": a.train_batch,
+        "n": a.n,
+        "pilot_n": a.pilot.n,
+        "pilot_kept": a.pilot_kept,
+        "commit_n": a.commit_rollouts,
+        "pilot_batch": a.pilot.batch,
+        "band": [a.p_lower, a.p_upper],
+        "p_evict": a.p_evict,
+        "max_age": a.buffer.max_age,
+    }

@@ -1,0 +1,64 @@
+"""The simulator and the controller benchmark, run the way a user runs them."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+
+from megatron_pc.allocation import Rollout, TrainGroup
+from megatron_pc.allocation.check import check_trace
+from megatron_pc.allocation.trace import read_trace
+from megatron_pc.bench.simulate import SimConfig, SimulatedPolicy
+from megatron_pc.cli import main
+from megatron_pc.config import load_config
+
+
+def test_simulate_json_reports_rollouts_to_target_for_all_three_strategies(capsys) -> None:
+    assert main(["simulate", "--json", "--seeds", "2", "--pool-size", "3000", "--target-accuracy", "0.45"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["summary"]) == {"pilot_commit", "grpo", "dapo"}
+    for name, s in out["summary"].items():
+        assert s["runs"] == 2 and s["reached"] == 2, name
+        assert s["min_rollouts_to_target"] <= s["median_rollouts_to_target"] <= s["max_rollouts_to_target"]
+    for run in out["runs"]:
+        assert run["final_accuracy"] >= 0.45 > run["start_accuracy"]
+        assert run["rollouts_generated"] == run["rollouts_to_target"]
+
+
+def test_simulate_trace_satisfies_every_invariant(tmp_path, capsys) -> None:
+    path = tmp_path / "trace.jsonl"
+    assert main(["simulate", "--seeds", "1", "--pool-size", "600", "--max-steps", "30", "--trace", str(path)]) == 0
+    assert "pilot_commit" in capsys.readouterr().out
+    by_run = defaultdict(list)
+    for e in read_trace(path):
+        by_run[e["strategy"]].append(e)
+    assert set(by_run) == {"pilot_commit", "grpo", "dapo"}
+    for name, events in by_run.items():
+        cfg = load_config(None, [f"allocation.strategy={name}"]).allocation
+        assert check_trace(events, cfg) == [], name
+
+
+def test_simulated_policy_learns_only_from_groups_with_mixed_outcomes() -> None:
+    sim = SimConfig(pool_size=10, validation_size=50)
+    policy = SimulatedPolicy(sim, seed=0)
+    before = policy.validation_accuracy()
+    uniform = [TrainGroup(i, [Rollout(1.0, True)] * 4, step=1) for i in range(4)]
+    policy.train(uniform)
+    assert policy.validation_accuracy() == before
+    mixed = [TrainGroup(i, [Rollout(1.0, True), Rollout(0.0, False)] * 2, step=1) for i in range(4)]
+    policy.train(mixed)
+    assert policy.validation_accuracy() > before
+
+
+def test_simulate_refuses_an_invalid_config_before_any_work(capsys) -> None:
+    assert main(["simulate", "allocation.p_lower=0.9", "allocation.p_upper=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "allocation.p_lower" in err and "<= p_upper" in err
+
+
+def test_bench_controller_prints_milliseconds_per_reference_round(capsys) -> None:
+    assert main(["bench", "controller", "--rounds", "3", "--pool-size", "20000"]) == 0
+    out = capsys.readouterr().out
+    assert "pilot 12,288 + commit 12,288 rollouts" in out
+    assert re.search(r"median \d+\.\d ms", out)
