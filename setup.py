@@ -22,6 +22,7 @@ EXTRAS = {
         "math-verify==0.9.0",
         "reasoning-gym==0.1.25",
         "tensorboard>=2.16",
+        "pyarrow>=15",
     ],
     # Clusters: torch comes from the NGC container; we only add what it lacks.
     "gpu": [
@@ -33,6 +34,7 @@ EXTRAS = {
         "math-verify==0.9.0",
         "reasoning-gym==0.1.25",
         "tensorboard>=2.16",
+        "pyarrow>=15",
     ],
     "cluster": ["ray[default]==2.60.0"],
     "launch": ["nemo-run>=0.5"],

@@ -25,6 +25,7 @@ from megatron_pc.data.config import DataConfig
 from megatron_pc.errors import ConfigError
 from megatron_pc.metrics.config import LoggingConfig
 from megatron_pc.models.config import ModelConfig
+from megatron_pc.reward.config import RewardConfig
 from megatron_pc.rollout.config import RolloutConfig
 from megatron_pc.training.config import TrainingConfig
 
@@ -46,6 +47,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -54,6 +56,7 @@ class Config:
             raise ConfigError("name", f"must be a non-empty name without '/', '\\' or spaces, got {self.name!r}")
         # Rounds are split evenly over the generation engines; check it can always be done.
         self.allocation.check_generation_ranks(self.rollout.engines, field_prefix="allocation")
+        self.reward.check_max_tokens(self.rollout.max_tokens, field_prefix="reward")
 
     @property
     def resolved_run_dir(self) -> Path:

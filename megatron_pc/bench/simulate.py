@@ -44,6 +44,7 @@ from typing import Any
 from megatron_pc.allocation import Rollout, RoundPlan, build_strategy
 from megatron_pc.allocation.trace import NullTrace, TraceSink, TraceWriter
 from megatron_pc.config import Config, load_config
+from megatron_pc.config_cli import split_config_args
 from megatron_pc.errors import ConfigError
 
 
@@ -256,12 +257,7 @@ def _sim_config(args: argparse.Namespace) -> SimConfig:
 def main(argv: list[str] | None = None) -> int:
     """Run every strategy on every seed and print rollouts-to-target."""
     args = _parse(list(sys.argv[1:] if argv is None else argv))
-    config_path = args.config
-    overrides = list(args.overrides)
-    if config_path and "=" in config_path:  # only overrides were given
-        overrides.insert(0, config_path)
-        config_path = None
-    cfg = load_config(config_path, overrides)
+    cfg = load_config(*split_config_args(args.config, args.overrides))
     sim = _sim_config(args)
     for name in sim.strategies:
         _with_strategy(cfg, name)  # validate each strategy's settings before any work
