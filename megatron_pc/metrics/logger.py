@@ -1,0 +1,187 @@
+"""Per-step metrics: JSONL and TensorBoard in the run directory, W&B when asked, a progress bar.
+
+One small interface (:class:`MetricsSink`) with a null default; :func:`open_metrics` builds
+the sinks a :class:`LoggingConfig` asks for. On resume, metrics written after the checkpoint
+step are cut from metrics.jsonl so a resumed run's file equals an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+from megatron_pc.metrics.config import LoggingConfig
+
+logger = logging.getLogger(__name__)
+
+# The figures the progress bar shows, in order: (metric key, short label, format).
+PROGRESS_FIELDS = (
+    ("cum_generated", "rollouts", "{:,.0f}"),
+    ("generated_pilot", "pilot", "{:,.0f}"),
+    ("generated_commit", "commit", "{:,.0f}"),
+    ("generated_full", "full", "{:,.0f}"),
+    ("reward_mean", "reward", "{:.3f}"),
+    ("zero_variance_share", "zero-var", "{:.2f}"),
+    ("val_accuracy", "val", "{:.3f}"),
+    ("time_total", "s/step", "{:.1f}"),
+)
+
+
+class MetricsSink(Protocol):
+    """Receives one dict of scalar metrics per step."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record the metrics of ``step``."""
+
+    def close(self) -> None:
+        """Flush and release resources."""
+
+
+class NullMetrics:
+    """Drops everything (the default where no metrics are wanted)."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Drop the metrics."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class JsonlMetrics:
+    """Appends ``{"step": s, ...}`` lines to a file, flushed and fsynced every step."""
+
+    def __init__(self, path: Path, resume_step: int | None) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            keep = [] if resume_step is None else _lines_through(path, resume_step)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in keep))
+            os.replace(tmp, path)
+        self._file = path.open("a")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Write one line."""
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        self._file.write(json.dumps({"step": step, **clean}, separators=(",", ":")) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+
+def _lines_through(path: Path, last_step: int) -> list[str]:
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line)["step"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            break  # a torn line from a crash ends the usable part
+        if step > last_step:
+            break
+        kept.append(line)
+    return kept
+
+
+class TensorBoardMetrics:
+    """Scalars under the run directory's ``tensorboard/``."""
+
+    def __init__(self, log_dir: Path, resume_step: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # torch is present wherever we train
+
+        # purge_step drops events after the resume point from the previous attempt.
+        self._writer = SummaryWriter(str(log_dir), purge_step=None if resume_step is None else resume_step + 1)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Add each finite scalar."""
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self._writer.add_scalar(key, value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Close the writer."""
+        self._writer.close()
+
+
+class WandbMetrics:
+    """Logs to a Weights & Biases project (wandb must be installed)."""
+
+    def __init__(self, project: str, run_name: str, run_dir: Path, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise ImportError(f"logging.wandb_project={project!r} needs the wandb package: pip install wandb") from None
+        self._run = wandb.init(project=project, name=run_name, dir=str(run_dir), config=config, resume="allow", id=run_name)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Log one step."""
+        self._run.log(metrics, step=step)
+
+    def close(self) -> None:
+        """Finish the run."""
+        self._run.finish()
+
+
+class ProgressBar:
+    """A tqdm bar over training steps whose postfix shows the key figures."""
+
+    def __init__(self, total: int, initial: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, initial=initial, unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Advance to ``step`` and show its figures."""
+        shown = {label: fmt.format(metrics[key]) for key, label, fmt in PROGRESS_FIELDS if key in metrics and metrics[key] is not None}
+        self._bar.set_postfix(shown, refresh=False)
+        self._bar.update(step - self._bar.n)
+
+    def close(self) -> None:
+        """Close the bar."""
+        self._bar.close()
+
+
+class MultiMetrics:
+    """Fans each step out to several sinks."""
+
+    def __init__(self, sinks: list[MetricsSink]) -> None:
+        self.sinks = sinks
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Log to every sink."""
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def close(self) -> None:
+        """Close every sink."""
+        for sink in self.sinks:
+            sink.close()
+
+
+def open_metrics(
+    cfg: LoggingConfig, run_dir: Path, run_name: str, total_steps: int, resume_step: int | None, config: dict[str, Any]
+) -> MultiMetrics:
+    """The sinks ``cfg`` asks for, resuming after ``resume_step`` when given."""
+    sinks: list[MetricsSink] = []
+    if cfg.jsonl:
+        sinks.append(JsonlMetrics(run_dir / "metrics.jsonl", resume_step))
+    if cfg.tensorboard:
+        sinks.append(TensorBoardMetrics(run_dir / "tensorboard", resume_step))
+    if cfg.wandb_project:
+        sinks.append(WandbMetrics(cfg.wandb_project, run_name, run_dir, config))
+    if cfg.progress:
+        sinks.append(ProgressBar(total_steps, resume_step or 0))
+    return MultiMetrics(sinks)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All lines of a metrics.jsonl file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,132 @@
+"""Run checkpoints: a directory per step, written aside and renamed into place when complete.
+
+Layout under ``<run_dir>/checkpoints/``::
+
+    step_00000010/
+        policy/            Megatron distributed checkpoint (model, optimizer, scheduler, RNG)
+        controller.json    allocation strategy + buffer, data cursor, driver RNG, counters
+        MANIFEST.json      every file with its size and the sha256 of controller.json
+
+A checkpoint is valid only if MANIFEST.json exists and every file it lists has the listed
+size (controller.json also its hash). MANIFEST.json is written last, inside the temporary
+directory, before the atomic rename: a crash at any point leaves either the previous
+checkpoint or a ``.tmp`` directory that is ignored and cleaned up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+MANIFEST = "MANIFEST.json"
+CONTROLLER = "controller.json"
+
+
+class CheckpointManager:
+    """Saves and finds complete run checkpoints."""
+
+    def __init__(self, run_dir: str | Path, keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.root = Path(run_dir) / "checkpoints"
+        self.keep = keep
+
+    def save(self, step: int, controller: dict[str, Any], write_policy: Callable[[Path], None]) -> Path:
+        """Write checkpoint ``step``: ``write_policy(dir)`` fills ``dir/policy``; then rename."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"step_{step:08d}"
+        tmp = self.root / f"step_{step:08d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        write_policy(tmp / "policy")
+        data = json.dumps(controller, separators=(",", ":")).encode()
+        _write_synced(tmp / CONTROLLER, data)
+        manifest = {
+            "step": step,
+            "files": {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()},
+            "controller_sha256": hashlib.sha256(data).hexdigest(),
+        }
+        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        if final.exists():
+            shutil.rmtree(final)  # a re-run of the same step after a resume replaces it
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        self._prune()
+        logger.info("checkpoint saved: %s", final)
+        return final
+
+    def latest(self) -> tuple[int, Path] | None:
+        """The newest complete checkpoint, skipping damaged ones (with a warning)."""
+        for step, path in sorted(self._step_dirs(), reverse=True):
+            problem = verify(path)
+            if problem is None:
+                return step, path
+            logger.warning("skipping damaged checkpoint %s: %s", path, problem)
+        return None
+
+    def load_controller(self, path: Path) -> dict[str, Any]:
+        """The controller state of a verified checkpoint."""
+        return json.loads((path / CONTROLLER).read_text())
+
+    def _step_dirs(self) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and p.is_dir():
+                out.append((int(m.group(1)), p))
+        return out
+
+    def _prune(self) -> None:
+        for p in self.root.glob("*.tmp"):
+            shutil.rmtree(p, ignore_errors=True)
+        complete = sorted((s, p) for s, p in self._step_dirs() if verify(p) is None)
+        for _, path in complete[: -self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def verify(path: Path) -> str | None:
+    """None if ``path`` is a complete checkpoint, else what is wrong with it."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        return f"{MANIFEST} is missing (the save did not finish)"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files: dict[str, int] = manifest["files"]
+        expected_hash = manifest["controller_sha256"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        return f"{MANIFEST} is unreadable ({err})"
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {size}"
+    if hashlib.sha256((path / CONTROLLER).read_bytes()).hexdigest() != expected_hash:
+        return f"{CONTROLLER} does not match its checksum"
+    return None
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
