@@ -1,4 +1,4 @@
-"""Settings of process placement: Ray address, colocated or split devices."""
+"""Settings of process placement: Ray address, colocated or split devices, GPU memory."""
 
 from __future__ import annotations
 
@@ -20,9 +20,14 @@ class ClusterConfig:
     """Data-parallel size of the policy (devices = TP x PP x DP)."""
     cpus_per_worker: float = 1.0
     """Ray CPUs reserved per worker on CPU runs."""
+    gpu_memory_gb: float = 141.0
+    """Memory of one GPU in GB (10^9 bytes) that ``megatron-pc plan`` checks layouts against;
+    141 is an H200. ``plan --gpu-memory-gb`` overrides it for one check."""
 
     def __post_init__(self) -> None:
         if self.data_parallel < 1:
             raise ConfigError("data_parallel", f"must be >= 1, got {self.data_parallel}")
         if self.cpus_per_worker <= 0:
             raise ConfigError("cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}")
+        if self.gpu_memory_gb <= 0:
+            raise ConfigError("gpu_memory_gb", f"must be > 0, got {self.gpu_memory_gb}")
