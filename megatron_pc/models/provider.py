@@ -1,0 +1,121 @@
+"""Build a Megatron-Core ``GPTModel`` for one pipeline stage from an HF architecture.
+
+Call after ``megatron.core.parallel_state.initialize_model_parallel``: the stage (which
+layers, whether it holds the embedding / output layer) and the TP shard come from there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+
+from megatron_pc.models.hf_config import HFArch, check_parallel_sizes
+
+logger = logging.getLogger(__name__)
+
+VOCAB_PAD_MULTIPLE = 128
+"""The embedding is padded to a multiple of lcm(128, TP) rows, so that the padded size does
+not change between TP sizes that divide 128 (checkpoints reshard between them)."""
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """Rows of the (vocab-parallel) embedding and output layer."""
+    multiple = math.lcm(VOCAB_PAD_MULTIPLE, tp)
+    return -(-vocab_size // multiple) * multiple
+
+
+def transformer_engine_available() -> bool:
+    """Transformer Engine imports and there is a GPU to run it on."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        importlib.import_module("transformer_engine.pytorch")
+    except ImportError:
+        return False
+    return True
+
+
+def layer_spec(arch: HFArch, use_te: bool | None = None):  # -> ModuleSpec
+    """TE layer spec when Transformer Engine is usable, Megatron's local spec otherwise."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    use_te = transformer_engine_available() if use_te is None else use_te
+    if use_te:
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.family.qk_norm)
+    return specs.get_gpt_layer_local_spec(qk_layernorm=arch.family.qk_norm, normalization="RMSNorm")
+
+
+def transformer_config(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype):  # -> TransformerConfig
+    """The Megatron TransformerConfig equivalent to ``arch`` (dropout off: RL needs exact
+    log-probs, and CPU has no CUDA RNG for dropout anyway)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    check_parallel_sizes(arch, tp, pp)
+    on_gpu = torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.intermediate_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.family.qkv_bias,
+        qk_layernorm=arch.family.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        # Parameters are built on CPU then moved; on CPU this is the only option.
+        use_cpu_initialization=not on_gpu,
+        perform_initialization=True,
+        # Fused kernels need CUDA (and Apex/TE); the unfused paths are exact.
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        # Micro-batches are packed by a token budget, so their shapes vary.
+        variable_seq_lengths=True,
+        # Dense models have no MoE, but the config rejects variable lengths with the
+        # default (allgather) dispatcher.
+        moe_token_dispatcher_type="alltoall",
+    )
+
+
+def build_gpt_model(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype, use_te: bool | None = None,
+                    vp_stage: int | None = None):  # -> GPTModel
+    """The GPTModel of this rank's pipeline stage and TP shard."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    config = transformer_config(arch, tp, pp, params_dtype)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(arch, use_te),
+        vocab_size=padded_vocab_size(arch.vocab_size, tp),
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=True),
+        post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=True),
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tie_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(arch.rope_theta) if float(arch.rope_theta).is_integer() else arch.rope_theta,
+        rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor or 8.0,
+    )
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return model

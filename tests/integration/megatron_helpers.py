@@ -1,0 +1,137 @@
+"""Helpers of the Megatron integration tests: tiny random HF models and the functions that
+run inside spawned gloo processes (they must be importable, hence module level)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_pc.models.config import ModelConfig
+from megatron_pc.training.batching import Sequence
+from megatron_pc.training.config import TrainingConfig
+
+VOCAB = 100  # not a multiple of 128: the padded vocab rows are exercised
+
+
+def make_hf_model(root: Path, model_type: str, *, tie: bool = False, layers: int = 2, seed: int = 0) -> Path:
+    """A tiny random HF model (head_dim 32, GQA 4/2) saved with safetensors under ``root``."""
+    import transformers
+
+    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "qwen3": transformers.Qwen3Config}[model_type]
+    config = config_cls(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                        rope_theta=5000.0, tie_word_embeddings=tie, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
+    with torch.no_grad():
+        # Norm weights start at 1 and biases at 0: randomise them so a mis-mapped one shows.
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    path = root / f"{model_type}{'-tied' if tie else ''}"
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def hf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of the HF reference implementation (fp32, eager attention)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32,
+                                                              attn_implementation="eager")
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def toy_sequences(n: int = 6, seed: int = 0) -> list[Sequence]:
+    """Random prompt + response sequences of varied lengths, advantages of both signs."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = []
+    for i in range(n):
+        prompt = int(torch.randint(3, 8, (1,), generator=gen))
+        response = int(torch.randint(2, 9, (1,), generator=gen))
+        tokens = torch.randint(0, VOCAB, (prompt + response,), generator=gen).tolist()
+        seqs.append(Sequence(tokens=tokens, prompt_len=prompt, advantage=1.0 if i % 2 == 0 else -1.0))
+    return seqs
+
+
+def model_cfg(path: Path, tp: int = 1, pp: int = 1) -> ModelConfig:
+    """fp32 model config for ``path``."""
+    return ModelConfig(path=str(path), tensor_parallel=tp, pipeline_parallel=pp, params_dtype="float32")
+
+
+def train_cfg(**overrides: Any) -> TrainingConfig:
+    """A training config for tests: small budget so micro-batches are several."""
+    base = dict(lr=1e-3, grad_clip=1.0, micro_batch_tokens=24, dual_clip=None, warmup_steps=0, steps=10)
+    base.update(overrides)
+    return TrainingConfig(**base)
+
+
+# ---- functions run inside spawned processes ---------------------------------------------
+
+
+def _init(tp: int, pp: int) -> None:
+    from megatron_pc.training.parallel import init_parallel
+
+    logging.basicConfig(level=logging.WARNING)
+    init_parallel(tp, pp, seed=1234)
+
+
+def job_full_logits(path: Path, tp: int, ids: torch.Tensor) -> torch.Tensor | None:
+    """Megatron logits for ``ids`` loaded from HF at TP=tp, gathered over TP (test only)."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from megatron_pc.training.worker import ReferenceWorker
+
+    _init(tp, 1)
+    worker = ReferenceWorker(model_cfg(path, tp))
+    worker.load_hf()
+    with torch.no_grad():
+        positions = torch.arange(ids.shape[1]).expand_as(ids)
+        logits = worker.module(ids, positions, None)
+        return gather_from_tensor_model_parallel_region(logits)[..., :VOCAB].clone()
+
+
+def job_logprobs(path: Path, tp: int, pp: int, seqs: list[Sequence], ckpt: Path | None = None) -> list:
+    """Response log-probs on every rank, from HF weights or a Megatron checkpoint."""
+    from megatron_pc.training.worker import ReferenceWorker
+
+    _init(tp, pp)
+    worker = ReferenceWorker(model_cfg(path, tp, pp), micro_batch_tokens=24)
+    if ckpt is None:
+        worker.load_hf()
+    else:
+        from megatron_pc.training.checkpoint import load_model_only
+
+        load_model_only(worker, ckpt)
+    return worker.compute_logprobs(seqs)
+
+
+def job_train(path: Path, tp: int, pp: int, seqs: list[Sequence], n_steps: int, save_at: int | None = None,
+              ckpt: Path | None = None, resume: Path | None = None, old: list | None = None,
+              **overrides: Any) -> dict[str, Any]:
+    """Train ``n_steps`` on ``seqs`` (optionally saving after step ``save_at`` or resuming);
+    returns losses and the log-probs before and after. The old log-probs are ``old`` or the
+    initial model's, so the PPO ratio (and the loss) moves from step to step."""
+    from megatron_pc.training.checkpoint import load_checkpoint, save_checkpoint
+    from megatron_pc.training.worker import PolicyWorker
+
+    _init(tp, pp)
+    worker = PolicyWorker(model_cfg(path, tp, pp), train_cfg(**overrides))
+    if resume is None:
+        worker.load_hf()
+    else:
+        load_checkpoint(worker, resume)
+    before = worker.compute_logprobs(seqs)
+    for seq, (lp, _) in zip(seqs, old or before):
+        seq.old_logprobs = lp.tolist()
+    losses = []
+    for _ in range(n_steps):
+        losses.append(worker.train_step(seqs)["loss"])
+        if save_at is not None and worker.step == save_at:
+            save_checkpoint(worker, ckpt)
+    return {"losses": losses, "before": before, "after": worker.compute_logprobs(seqs), "step": worker.step}
