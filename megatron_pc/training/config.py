@@ -52,9 +52,14 @@ class TrainingConfig:
     """Validation every K steps (and at the start and the end)."""
     save_every: int = 10
     """Checkpoint every K steps (and on SIGTERM/SIGUSR1)."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept in the run directory (older ones are deleted)."""
+    val_samples: int = 4
+    """Sampled responses per validation prompt (at the rollout temperature, fixed seed); the
+    validation accuracy is their mean. A greedy accuracy is reported beside it."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "mini_batch", "micro_batch_tokens", "validate_every", "save_every"):
+        for name in ("steps", "mini_batch", "micro_batch_tokens", "validate_every", "save_every", "keep_checkpoints", "val_samples"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:

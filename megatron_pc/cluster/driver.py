@@ -1,0 +1,69 @@
+"""``megatron-pc train [CONFIG] [overrides]``: the main job.
+
+Prints a progress bar with the key figures while it runs; writes everything to the run
+directory (``run_dir``, default ``runs/<name>``): metrics.jsonl, tensorboard/, trace.jsonl,
+checkpoints/, config.yaml, train.log. Starting again in a directory that holds a checkpoint
+resumes from the newest complete one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from megatron_pc.config import load_config
+from megatron_pc.config_cli import split_config_args
+
+logger = logging.getLogger(__name__)
+
+PREEMPTED_EXIT = 75
+"""Exit code after a checkpoint made because of SIGTERM/SIGUSR1 (EX_TEMPFAIL): the job is not
+finished and should be requeued; it resumes by itself."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train; 0 when the run finished, PREEMPTED_EXIT when it stopped on a signal."""
+    parser = argparse.ArgumentParser(prog="megatron-pc train", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser.add_argument("config", nargs="?", help="experiment YAML (default: the embedded tiny CPU configuration)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. allocation.strategy=grpo")
+    args = parser.parse_args(argv)
+    cfg = load_config(*split_config_args(args.config, args.overrides))
+
+    from megatron_pc.cluster.prepare import prepare, record_config
+    from megatron_pc.cluster.trainer import Trainer, install_signal_handlers
+
+    run_dir = cfg.resolved_run_dir
+    record_config(cfg, run_dir)
+    _log_to_file(run_dir / "train.log")
+    data = prepare(cfg)
+    trainer = Trainer(cfg, data)
+    install_signal_handlers(trainer)
+    last = trainer.run()
+    if trainer.preempted:
+        print(f"preempted: checkpoint written in {run_dir / 'checkpoints'}; run the same command to resume", file=sys.stderr)
+        return PREEMPTED_EXIT
+    _summary(run_dir, last)
+    return 0
+
+
+def _log_to_file(path: Path) -> None:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+
+
+def _summary(run_dir: Path, last: dict[str, float]) -> None:
+    from megatron_pc.metrics.logger import read_metrics
+
+    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    vals = [(r["step"], r["val_accuracy"], r.get("cum_generated", 0)) for r in rows if r.get("val_accuracy") is not None]
+    print(f"run finished: {run_dir}")
+    if vals:
+        print(f"validation accuracy: {vals[0][1]:.3f} at step {vals[0][0]} -> {vals[-1][1]:.3f} at step {vals[-1][0]}")
+    if last:
+        print(f"rollouts generated: {last.get('cum_generated', 0):,.0f} (pilot {last.get('cum_generated_pilot', 0):,.0f}, "
+              f"commit {last.get('cum_generated_commit', 0):,.0f}, full {last.get('cum_generated_full', 0):,.0f}); "
+              f"trained on {last.get('cum_trained_rollouts', 0):,.0f}")
+    print(f"metrics: {run_dir / 'metrics.jsonl'}  trace: {run_dir / 'trace.jsonl'}  tensorboard: {run_dir / 'tensorboard'}")

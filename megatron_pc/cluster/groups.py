@@ -1,0 +1,231 @@
+"""Ray placement and the worker groups the driver talks to.
+
+Devices come in placement-group bundles, one per policy rank (``{"GPU": 1, "CPU": c}`` on
+GPU, ``{"CPU": c}`` on CPU). ``colocated``: engines live in the policy's bundles and each
+actor takes a share of its bundle (engines sleep while the policy trains); ``split``: engines
+get bundles of their own. The driver never talks to a single rank: a group runs every call
+on all its actors (SPMD) and returns rank 0's answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from megatron_pc.config import Config
+from megatron_pc.rollout.base import (
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    SamplingSettings,
+    WeightPushStats,
+)
+from megatron_pc.rollout.group import EngineGroup
+from megatron_pc.cluster.workers import EngineActor, MegatronRank
+
+logger = logging.getLogger(__name__)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("the training driver runs on Ray: pip install 'megatron-pc[cluster]'") from None
+    return ray
+
+
+def start_ray(cfg: Config, bundles: int) -> bool:
+    """Join the configured Ray cluster, or start a local one; True if we started it."""
+    ray = _import_ray()
+    if ray.is_initialized():
+        return False
+    address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return False
+    # Socket paths must stay under 107 characters: a short temp dir, not the run directory.
+    temp_dir = tempfile.mkdtemp(prefix="mpc_ray_", dir="/tmp")
+    # Logical CPUs: on a small machine the actors share the cores anyway; what matters is
+    # that every bundle can be placed.
+    num_cpus = max(os.cpu_count() or 1, int(bundles * cfg.cluster.cpus_per_worker) + 1)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=True,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}})
+    return True
+
+
+def stop_ray(started: bool) -> None:
+    """Shut Ray down if we started it."""
+    if started:
+        _import_ray().shutdown()
+
+
+class Placement:
+    """The placement group of a run and which bundle each role uses."""
+
+    def __init__(self, cfg: Config, use_gpu: bool) -> None:
+        ray = _import_ray()
+        from ray.util.placement_group import placement_group
+
+        self.world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
+        engine_devices = cfg.rollout.engines * cfg.rollout.tensor_parallel
+        self.colocated = cfg.cluster.placement == "colocated"
+        count = max(self.world, engine_devices) if self.colocated else self.world + engine_devices
+        bundle: dict[str, float] = {"CPU": cfg.cluster.cpus_per_worker}
+        if use_gpu:
+            bundle["GPU"] = 1
+        self.use_gpu = use_gpu
+        self.group = placement_group([dict(bundle) for _ in range(count)], strategy="PACK")
+        ray.get(self.group.ready(), timeout=600)
+        self.engine_offset = 0 if self.colocated else self.world
+        self.roles = 1 + int(cfg.training.kl_coef > 0) + int(self.colocated)  # policy, reference, engine
+        self.cpus = cfg.cluster.cpus_per_worker
+
+    def options(self, bundle: int, gpus: float = 1.0) -> dict[str, Any]:
+        """Actor options that pin it to ``bundle`` with its share of the bundle's resources."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        share = 1.0 / self.roles
+        opts: dict[str, Any] = {
+            "num_cpus": self.cpus * share,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=bundle),
+        }
+        if self.use_gpu:
+            opts["num_gpus"] = gpus * share
+        return opts
+
+    def remove(self) -> None:
+        """Release the bundles."""
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(self.group)
+
+
+def _master_address(placement: Placement) -> str:
+    """An address:port on the node of bundle 0 for torch.distributed's rendezvous."""
+    ray = _import_ray()
+
+    @ray.remote(num_cpus=0)
+    def probe() -> str:
+        from megatron_pc.training.launch import free_port
+
+        return f"{ray.util.get_node_ip_address()}:{free_port()}"
+
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(placement.group, placement_group_bundle_index=0)
+    return ray.get(probe.options(scheduling_strategy=strategy).remote())
+
+
+class MegatronGroup:
+    """All ranks of the policy (``trainable``) or of the reference model."""
+
+    def __init__(self, cfg: Config, placement: Placement, trainable: bool) -> None:
+        ray = _import_ray()
+        master = _master_address(placement)
+        cls = ray.remote(MegatronRank)
+        self.actors = [
+            cls.options(**placement.options(rank)).remote(rank, placement.world, master, cfg.model, cfg.training, cfg.seed, trainable)
+            for rank in range(placement.world)
+        ]
+        ray.get([a.ready.remote() for a in self.actors])
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Run ``method`` on every rank; return rank 0's result."""
+        ray = _import_ray()
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+
+    def export_buckets(self, bucket_bytes: int) -> Iterator[Any]:
+        """Object refs of weight buckets (rank 0's stream; the others take part in collectives)."""
+        ray = _import_ray()
+        streams = [a.export_buckets.options(num_returns="streaming").remote(bucket_bytes) for a in self.actors]
+        yield from streams[0]
+        for other in streams[1:]:
+            for ref in other:  # drain: non-zero ranks yield nothing, but must finish
+                ray.get(ref)
+
+
+class RayEngine(RolloutEngine):
+    """A vLLM engine actor seen through the :class:`RolloutEngine` interface, so that the
+    rollout package's :class:`EngineGroup` splits, gathers and restarts it like a local one."""
+
+    def __init__(self, cfg: Config, placement: Placement, model_path: str, run_dir: Path, index: int) -> None:
+        ray = _import_ray()
+        self.name = f"engine{index}"
+        bundle = placement.engine_offset + index * cfg.rollout.tensor_parallel
+        actor_cls = ray.remote(EngineActor).options(**placement.options(bundle, gpus=1.0))
+        self.actor = actor_cls.remote(model_path, cfg.rollout, str(run_dir), self.name, cfg.seed + index)
+        self._alive = True
+        self._get(self.actor.ready.remote())
+
+    def _get(self, ref: Any) -> Any:
+        ray = _import_ray()
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            self._alive = False
+            raise EngineError(self.name, f"its process died: {err}") from None
+        except ray.exceptions.RayTaskError as err:
+            raise EngineError(self.name, str(err.cause if hasattr(err, "cause") else err)) from None
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> GenerationResult:
+        """Serve a shard of a round in the actor."""
+        return self._get(self.actor.generate.remote(list(requests), sampling))
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Engine log-probs of given sequences."""
+        return self._get(self.actor.score.remote([list(s) for s in sequences]))
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> WeightPushStats:
+        """Load one bucket (a list or a Ray object ref of one) into the engine."""
+        bucket = named_tensors if isinstance(named_tensors, _import_ray().ObjectRef) else list(named_tensors)
+        return WeightPushStats(**self._get(self.actor.update_weights.remote(bucket)))
+
+    @property
+    def alive(self) -> bool:
+        """False once the actor died or was shut down."""
+        return self._alive
+
+    def sleep(self) -> None:
+        """Sleep while the policy trains."""
+        self._get(self.actor.sleep.remote())
+
+    def wake(self) -> None:
+        """Wake before generating."""
+        self._get(self.actor.wake.remote())
+
+    def shutdown(self) -> None:
+        """Stop the engine and its actor."""
+        if self._alive:
+            try:
+                self._get(self.actor.shutdown.remote())
+            finally:
+                _import_ray().kill(self.actor)
+                self._alive = False
+
+
+def engine_group(cfg: Config, placement: Placement, model_path: str, run_dir: Path) -> EngineGroup:
+    """The run's engines as actors behind one group (calls go out concurrently)."""
+    return EngineGroup(lambda k: RayEngine(cfg, placement, model_path, run_dir, k), cfg.rollout.engines, concurrent=True)
+
+
+def sync_weights(policy: MegatronGroup, engines: EngineGroup, bucket_mb: int) -> dict[str, float]:
+    """Stream the policy's weights (HF names, full tensors) into every engine, bucket by bucket.
+
+    Bucket k is loading into the engines while bucket k+1 is being gathered; peak memory stays
+    near two buckets. Returns seconds and MB moved.
+    """
+    ray = _import_ray()
+    start = time.perf_counter()
+    pending, moved = [], 0
+    for ref in policy.export_buckets(bucket_mb * 2**20):
+        pending += [engine.actor.update_weights.remote(ref) for engine in engines.engines]
+    for stats in ray.get(pending):
+        moved += stats["bytes"]
+    moved //= max(len(engines.engines), 1)
+    seconds = time.perf_counter() - start
+    return {"sync_seconds": seconds, "sync_mb": moved / 1e6, "sync_mb_per_s": moved / 1e6 / seconds if seconds else 0.0}

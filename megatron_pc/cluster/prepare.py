@@ -1,0 +1,99 @@
+"""Everything a run needs before workers start: the model directory, tokenizer and prompts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from megatron_pc.config import Config, to_dict
+from megatron_pc.data.loading import load_prompts
+from megatron_pc.data.records import PromptRecord
+from megatron_pc.data.tokenize import encode_prompt
+from megatron_pc.errors import ConfigError
+from megatron_pc.models.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+# Fields that may change between a run and its resumption; anything else must match.
+RESUMABLE_CHANGES = ("training.steps", "training.validate_every", "training.save_every", "logging.", "cluster.ray_address", "run_dir")
+
+
+@dataclass
+class RunData:
+    """Prompts (records and token ids) and the tokenizer of the run's model."""
+
+    model_path: Path
+    tokenizer: Any
+    train: list[PromptRecord]
+    val: list[PromptRecord]
+    train_tokens: list[list[int]]
+    val_tokens: list[list[int]]
+
+
+def ensure_model(cfg: Config) -> Path:
+    """The model directory; the default tiny model is made here when it is missing."""
+    path = Path(cfg.model.path)
+    if (path / "config.json").is_file():
+        return path
+    if cfg.model.path != ModelConfig().path:
+        raise ConfigError("model.path", f"{path} is not a Hugging Face model directory (no config.json)")
+    from megatron_pc.models.tiny import make_tiny_model
+
+    logger.info("making the tiny CPU model at %s (supervised warm-up, a few minutes, once)", path)
+    make_tiny_model(path, seed=cfg.seed)
+    return path
+
+
+def prepare(cfg: Config) -> RunData:
+    """Model, tokenizer and tokenised prompts of the run."""
+    from transformers import AutoTokenizer
+
+    model_path = ensure_model(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    train, val = load_prompts(cfg.data, cfg.seed)
+
+    def encode(records: list[PromptRecord]) -> list[list[int]]:
+        return [encode_prompt(r, tokenizer, cfg.data.max_prompt_tokens, cfg.data.chat_template) for r in records]
+
+    train_tokens, val_tokens = encode(train), encode(val)
+    longest = max(len(t) for t in train_tokens + val_tokens)
+    if longest + cfg.rollout.max_tokens > cfg.rollout.max_model_len:
+        raise ConfigError(
+            "rollout.max_model_len",
+            f"{cfg.rollout.max_model_len} is too short for the longest prompt ({longest} tokens) + rollout.max_tokens ({cfg.rollout.max_tokens})",
+        )
+    return RunData(model_path, tokenizer, train, val, train_tokens, val_tokens)
+
+
+def record_config(cfg: Config, run_dir: Path) -> None:
+    """Save the run's config; a resumed run must match the saved one (but for a few fields)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    current = _flatten(to_dict(cfg))
+    if path.exists() and (run_dir / "checkpoints").is_dir():
+        saved = _flatten(yaml.safe_load(path.read_text()) or {})
+        changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k) and not k.startswith(RESUMABLE_CHANGES))
+        if changed:
+            details = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:8])
+            raise ConfigError(
+                changed[0],
+                f"{run_dir} holds a run with a different configuration ({details}); use another run_dir to start a new run",
+            )
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tmp.replace(path)
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out

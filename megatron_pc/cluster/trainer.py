@@ -1,0 +1,223 @@
+"""The single-controller training loop: one loop for Pilot-Commit, GRPO and DAPO.
+
+    while not strategy.batch_ready():             # generation rounds
+        plan = strategy.plan_round()              #   pilots + commits, or full groups
+        samples = engines.generate(plan)          #   ONE call per round (binding)
+        strategy.observe(plan, reward(samples))   #   classify, buffer, assemble groups
+    groups = strategy.finish_step()
+    old log-probs -> (reference) -> advantages -> policy update -> weight sync -> metrics
+
+The strategy decides what to generate; the workers never decide; this file only moves data.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from megatron_pc.allocation import StepResult, build_strategy
+from megatron_pc.allocation.trace import TraceWriter
+from megatron_pc.cluster import groups as G
+from megatron_pc.cluster.evaluation import Evaluator, decode_and_score
+from megatron_pc.cluster.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
+from megatron_pc.config import Config, to_dict
+from megatron_pc.errors import MegatronPCError
+from megatron_pc.metrics.logger import open_metrics
+from megatron_pc.reward.pool import RewardPool
+from megatron_pc.rollout.base import SamplingSettings, derive_seed
+from megatron_pc.training.run_checkpoints import CheckpointManager
+
+logger = logging.getLogger(__name__)
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Timer:
+    """Seconds spent per phase within one step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+
+class Trainer:
+    """Owns the run: data, strategy, workers, metrics and checkpoints."""
+
+    def __init__(self, cfg: Config, data: Any) -> None:
+        self.cfg = cfg
+        self.data = data  # megatron_pc.cluster.prepare.RunData: prompts, token ids, tokenizer
+        self.run_dir = cfg.resolved_run_dir
+        self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.training.keep_checkpoints)
+        self.preempted = False
+        latest = self.checkpoints.latest()
+        self.resume_step, self.resume_path = latest if latest else (0, None)
+        trace = TraceWriter(self.run_dir / "trace.jsonl", keep_through_step=self.resume_step if latest else None) if cfg.logging.trace else None
+        self.strategy = build_strategy(cfg.allocation, len(data.train), cfg.seed, cfg.rollout.engines, trace)
+        self.tokens_total = 0
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        """Preemption: finish the current step, checkpoint, exit (see driver.PREEMPTED_EXIT)."""
+        logger.warning("received %s: checkpointing after this step", signal.Signals(signum).name)
+        self.preempted = True
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(self) -> dict[str, float]:
+        """Train to ``training.steps`` (or until preempted); returns the last step's metrics."""
+        cfg = self.cfg
+        started = G.start_ray(cfg, bundles=cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel + cfg.rollout.engines)
+        placement = policy = engines = None
+        last: dict[str, float] = {}
+        try:
+            placement = G.Placement(cfg, use_gpu=_has_gpu())
+            policy = G.MegatronGroup(cfg, placement, trainable=True)
+            reference = G.MegatronGroup(cfg, placement, trainable=False) if cfg.training.kl_coef > 0 else None
+            engines = G.engine_group(cfg, placement, str(self.data.model_path), self.run_dir)
+            with RewardPool(cfg.reward, max_tokens=cfg.rollout.max_tokens) as rewards:
+                self._start(policy, reference, engines)
+                evaluator = Evaluator(cfg, self.data, engines, rewards)
+                metrics = open_metrics(cfg.logging, self.run_dir, cfg.name, cfg.training.steps, self.resume_step or None, to_dict(cfg))
+                try:
+                    if self.resume_step == 0:
+                        metrics.log(0, evaluator.run(step=0))
+                    for step in range(self.resume_step + 1, cfg.training.steps + 1):
+                        last = self._step(step, policy, reference, engines, rewards, evaluator)
+                        metrics.log(step, last)
+                        if self.preempted or step % cfg.training.save_every == 0 or step == cfg.training.steps:
+                            self._save(step, policy)
+                        if self.preempted:
+                            break
+                finally:
+                    metrics.close()
+        finally:
+            if engines is not None:
+                engines.shutdown()
+            if placement is not None:
+                placement.remove()
+            G.stop_ray(started)
+        return last
+
+    def _start(self, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any) -> None:
+        """Load weights: the latest complete checkpoint if there is one, else the HF model."""
+        if self.resume_path is not None:
+            logger.info("resuming from %s (step %d)", self.resume_path, self.resume_step)
+            policy.call("load", str(self.resume_path / "policy"))
+            state = self.checkpoints.load_controller(self.resume_path)
+            self.strategy.load_state_dict(state["strategy"])
+            self.tokens_total = state["tokens_total"]
+            G.sync_weights(policy, engines, self.cfg.rollout.sync_bucket_mb)
+        else:
+            policy.call("load_hf", str(self.data.model_path))
+        if reference is not None:
+            reference.call("load_hf", str(self.data.model_path))
+
+    def _step(self, step: int, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any, rewards: RewardPool, evaluator: Evaluator) -> dict[str, float]:
+        timer = Timer()
+        with timer("total"):
+            tokens = self._generate(engines, rewards, timer)
+            result = self.strategy.finish_step()
+            train = self._update(result, policy, reference, engines, timer)
+            gap = self._check_sync(result, policy, engines, timer)
+            val = evaluator.run(step) if step % self.cfg.training.validate_every == 0 or step == self.cfg.training.steps else {}
+        self.tokens_total += tokens
+        gen_s = timer.seconds.get("generate", 0.0)
+        return {
+            **result.metrics, **train, **val, "logprob_gap": gap,
+            **{f"time_{k}": v for k, v in timer.seconds.items()},
+            "generated_tokens": tokens, "cum_generated_tokens": self.tokens_total,
+            "gen_tokens_per_s": tokens / gen_s if gen_s else 0.0,
+        }
+
+    def _generate(self, engines: Any, rewards: RewardPool, timer: Timer) -> int:
+        """Rounds until the train batch is full; returns generated tokens."""
+        tokens = 0
+        while not self.strategy.batch_ready():
+            plan = self.strategy.plan_round()
+            sampling = SamplingSettings.from_config(self.cfg.rollout, seed=derive_seed(self.cfg.seed, "round", plan.step, plan.round))
+            with timer("generate"):
+                out = engines.generate(plan_to_requests(plan, self.data.train_tokens), sampling)
+            with timer("reward"):
+                answers = [self.data.train[r.prompt].answer for r in plan.requests for _ in range(r.n)]
+                scored = decode_and_score(self.data.tokenizer, out, answers, rewards)
+            self.strategy.observe(plan, to_rollouts(out, scored))
+            tokens += out.generated_tokens
+        return tokens
+
+    def _update(self, result: StepResult, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any, timer: Timer) -> dict[str, float]:
+        """Old/reference log-probs, then one optimizer step per mini-batch of groups, then sync."""
+        cfg = self.cfg
+        if not result.groups:
+            logger.warning("step %d: empty train batch (train_partial): no update", result.step)
+            return {}
+        engines.sleep()  # colocated engines free the device while the policy trains
+        out: dict[str, float] = {}
+        size = cfg.training.mini_batch
+        for start in range(0, len(result.groups), size):
+            seqs = groups_to_sequences(result.groups[start : start + size], self.data.train_tokens, cfg.training.std_normalize)
+            with timer("logprob"):
+                for s, lp in zip(seqs, policy.call("logprobs", seqs)):
+                    s.old_logprobs = lp
+            if reference is not None:
+                with timer("reference"):
+                    for s, lp in zip(seqs, reference.call("logprobs", seqs)):
+                        s.ref_logprobs = lp
+            with timer("update"):
+                out = policy.call("train_step", seqs)
+        engines.wake()
+        with timer("sync"):
+            out.update(G.sync_weights(policy, engines, cfg.rollout.sync_bucket_mb))
+        return out
+
+    def _check_sync(self, result: StepResult, policy: G.MegatronGroup, engines: Any, timer: Timer) -> float:
+        """Engine vs trainer log-probs on a few sequences of this step, after the sync."""
+        firsts = [_single(g) for g in result.groups[:4] if g.rollouts[0].data["tokens"]]
+        if not firsts:
+            return float("nan")
+        with timer("sync_check"):
+            seqs = groups_to_sequences(firsts, self.data.train_tokens, std_normalize=False)
+            trainer_lp = policy.call("logprobs", seqs)
+            engine_lp = engines.score([s.tokens for s in seqs])
+        # engine_lp[i][t] is the log-prob of token t+1; response tokens start at prompt_len.
+        diffs = [abs(a - b) for s, t, e in zip(seqs, trainer_lp, engine_lp) for a, b in zip(t, e[s.prompt_len - 1 :])]
+        gap = sum(diffs) / max(len(diffs), 1)
+        if not math.isfinite(gap) or gap > self.cfg.rollout.logprob_gap_max:
+            raise MegatronPCError(
+                f"after the weight sync the engines and the trainer disagree: mean |log-prob gap| {gap:.3g} > "
+                f"rollout.logprob_gap_max {self.cfg.rollout.logprob_gap_max}: the sync or the name maps are broken"
+            )
+        return gap
+
+    def _save(self, step: int, policy: G.MegatronGroup) -> None:
+        controller = {"step": step, "strategy": self.strategy.state_dict(), "tokens_total": self.tokens_total, "config": to_dict(self.cfg)}
+        self.checkpoints.save(step, controller, lambda d: policy.call("save", str(d)))
+
+
+def _single(group: Any) -> Any:
+    from megatron_pc.allocation import TrainGroup
+
+    return TrainGroup(group.prompt, group.rollouts[:1], group.step)
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def install_signal_handlers(trainer: Trainer) -> None:
+    """SIGTERM / SIGUSR1 (SLURM preemption) ask the trainer to checkpoint and stop."""
+    for sig in PREEMPTION_SIGNALS:
+        signal.signal(sig, trainer.on_signal)

@@ -1,0 +1,131 @@
+"""Ray actors: Megatron ranks of the policy (or reference) and vLLM engines.
+
+The classes are plain Python; :mod:`megatron_pc.cluster.groups` wraps them with ``ray.remote``
+when it places them, so importing this module needs neither Ray nor a device.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Iterator
+
+logger = logging.getLogger(__name__)
+
+
+class MegatronRank:
+    """One rank of a Megatron model (policy or reference) inside a TP x PP x DP world.
+
+    Every rank receives every call with the same arguments (SPMD); results come back from all
+    ranks and the group keeps rank 0's.
+    """
+
+    def __init__(self, rank: int, world: int, master: str, model_cfg: Any, train_cfg: Any, seed: int, trainable: bool) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from megatron_pc import platform
+        from megatron_pc.training.parallel import init_parallel
+
+        host, port = master.rsplit(":", 1)
+        os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
+        if not torch.cuda.is_available():
+            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        dist.init_process_group(platform.dist_backend(), rank=rank, world_size=world, init_method=f"tcp://{master}")
+        init_parallel(model_cfg.tensor_parallel, model_cfg.pipeline_parallel, seed)
+        from megatron_pc.training.worker import PolicyWorker, ReferenceWorker
+
+        self.rank = rank
+        self.worker = PolicyWorker(model_cfg, train_cfg) if trainable else ReferenceWorker(model_cfg, micro_batch_tokens=train_cfg.micro_batch_tokens)
+
+    def ready(self) -> int:
+        """Returns the rank once construction finished (used to wait for the group)."""
+        return self.rank
+
+    def load_hf(self, path: str) -> None:
+        """Load Hugging Face weights."""
+        self.worker.load_hf(path)
+
+    def logprobs(self, seqs: list[Any]) -> list[list[float]] | None:
+        """Per-response-token log-probs of each sequence (rank 0 returns them)."""
+        out = self.worker.compute_logprobs(seqs)
+        return [lp.tolist() for lp, _ in out] if self.rank == 0 else None
+
+    def train_step(self, seqs: list[Any]) -> dict[str, float]:
+        """One optimizer step on the global batch."""
+        return self.worker.train_step(seqs)
+
+    def save(self, path: str) -> None:
+        """Write this rank's part of a Megatron distributed checkpoint (collective)."""
+        from megatron_pc.training.checkpoint import save_checkpoint
+
+        save_checkpoint(self.worker, path)
+
+    def load(self, path: str) -> None:
+        """Load model, optimizer, scheduler and RNG from a distributed checkpoint (collective)."""
+        from megatron_pc.training.checkpoint import load_checkpoint
+
+        load_checkpoint(self.worker, path)
+
+    def export_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+        """HF-named full tensors in buckets of about ``bucket_bytes`` (collective; rank 0 yields).
+
+        A generator so that the driver can push bucket k to the engines while bucket k+1 is
+        being gathered, and memory stays near one bucket.
+        """
+        from megatron_pc.models.export import iter_hf_tensors
+
+        bucket: list[tuple[str, Any]] = []
+        size = 0
+        for name, tensor in iter_hf_tensors(self.worker.module, self.worker.arch):
+            bucket.append((name, tensor.detach().cpu().contiguous()))
+            size += tensor.numel() * tensor.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+
+class EngineActor:
+    """A vLLM engine in its own process."""
+
+    def __init__(self, model_path: str, rollout_cfg: Any, run_dir: str, name: str, seed: int) -> None:
+        from megatron_pc.rollout.vllm_engine import VllmEngine
+
+        self.engine = VllmEngine(model_path, rollout_cfg, run_dir=run_dir, name=name, seed=seed)
+
+    def ready(self) -> str:
+        """The engine's name once it started."""
+        return self.engine.name
+
+    def generate(self, requests: list[Any], sampling: Any) -> Any:
+        """Serve a shard of a round."""
+        return self.engine.generate(requests, sampling)
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Log-probs of given sequences under the engine's current weights."""
+        return self.engine.score(sequences)
+
+    def update_weights(self, bucket: list[tuple[str, Any]]) -> dict[str, float]:
+        """Load one bucket of HF-named tensors."""
+        return asdict(self.engine.update_weights(bucket))
+
+    def sleep(self) -> None:
+        """Free accelerator memory while the policy trains."""
+        self.engine.sleep()
+
+    def wake(self) -> None:
+        """Undo sleep."""
+        self.engine.wake()
+
+    def shutdown(self) -> None:
+        """Release the engine."""
+        self.engine.shutdown()
+
+
+def checkpoint_dir_name(path: Path) -> str:
+    """A path as the string Ray actors receive (they share the filesystem with the driver)."""
+    return str(path.resolve())
