@@ -1,0 +1,200 @@
+"""The Megatron policy on one GPU: Transformer Engine layer spec when TE is installed (the
+local spec otherwise), bf16 parameters by default, log-probs that match transformers in bf16,
+and a bf16 train step (fp32 main parameters) that moves the weights.
+
+Runs in the pytest process on a world of one rank (NCCL on a free port). Skipped without
+CUDA by tests/conftest.py; everything imported at module level imports without CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron_pc import platform
+from megatron_pc.models.config import ModelConfig
+from megatron_pc.models.provider import transformer_engine_available
+from megatron_pc.training.batching import Sequence
+from megatron_pc.training.config import TrainingConfig
+from megatron_pc.training.launch import free_port
+
+pytestmark = pytest.mark.gpu
+
+VOCAB = 100
+TOLERANCE = 2e-2
+"""Mean |log-prob difference| allowed between Megatron and transformers, both in bf16. Two
+bf16 implementations of the same 2-layer model differ by ~5e-3 here (bf16 keeps 8 bits of
+mantissa, and the fused kernels round at other points); a mis-mapped weight gives ~1."""
+LR = 1e-3
+"""Large enough that one Adam step shows through bf16 rounding of the model weights."""
+
+
+def _make_hf_model(root: Path, model_type: str, seed: int = 0) -> Path:
+    """A tiny random HF model (head_dim 32, GQA 4/2) saved in fp32 safetensors.
+
+    initializer_range 0.05 spreads the log-probs (std ~0.5, see test below) well beyond the
+    tolerance, so matching within it says something."""
+    import transformers
+
+    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[model_type]
+    config = config_cls(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                        rope_theta=5000.0, tie_word_embeddings=False, max_position_embeddings=256,
+                        initializer_range=0.05)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
+    with torch.no_grad():
+        # Norm weights start at 1 and biases at 0: randomise them so a mis-mapped one shows.
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    path = root / model_type
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def _sequences(n: int = 8, seed: int = 0) -> list[Sequence]:
+    """Prompts of 4-12 and responses of 4-20 tokens, advantages of both signs."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = []
+    for i in range(n):
+        prompt = int(torch.randint(4, 13, (1,), generator=gen))
+        response = int(torch.randint(4, 21, (1,), generator=gen))
+        tokens = torch.randint(0, VOCAB, (prompt + response,), generator=gen).tolist()
+        seqs.append(Sequence(tokens=tokens, prompt_len=prompt, advantage=1.0 if i % 2 == 0 else -1.0))
+    return seqs
+
+
+def _hf_logprobs(path: Path, seqs: list[Sequence]) -> list[torch.Tensor]:
+    """Response log-probs under transformers in bf16 on this process's device (eager attention,
+    one sequence at a time so no padding or mask is involved)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                                              attn_implementation="eager").to(platform.device())
+    out = []
+    with torch.no_grad():
+        for seq in seqs:
+            ids = torch.tensor([seq.tokens], device=platform.device())
+            logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+            span = range(seq.prompt_len - 1, len(seq.tokens) - 1)
+            out.append(torch.stack([logprobs[t, seq.tokens[t + 1]] for t in span]).cpu())
+    return out
+
+
+def _model_cfg(path: Path) -> ModelConfig:
+    # params_dtype "auto" on purpose: bf16 must be what a GPU run gets without asking.
+    return ModelConfig(path=str(path), tensor_parallel=1, pipeline_parallel=1, params_dtype="auto")
+
+
+def _qkv_module(worker: object) -> torch.nn.Module:
+    return worker.module.decoder.layers[0].self_attention.linear_qkv
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[None]:
+    """A one-rank process group (NCCL on GPU) with Megatron's groups at TP = PP = 1."""
+    from megatron_pc.training.parallel import destroy_parallel, init_parallel
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    dist.init_process_group(platform.dist_backend(), rank=0, world_size=1)
+    init_parallel(1, 1)
+    yield
+    destroy_parallel()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf_gpu")
+    return {t: _make_hf_model(root, t) for t in ("llama", "qwen2")}
+
+
+def test_provider_uses_transformer_engine_spec_and_bf16_params_when_te_is_installed(
+        world: None, hf_dirs: dict[str, Path]) -> None:
+    pytest.importorskip("transformer_engine.pytorch")
+    from megatron_pc.training.worker import ReferenceWorker
+
+    assert transformer_engine_available()
+    worker = ReferenceWorker(_model_cfg(hf_dirs["qwen2"]))
+    qkv = _qkv_module(worker)
+    # TE fuses the input norm into the QKV projection (TELayerNormColumnParallelLinear).
+    assert type(qkv).__module__.startswith("megatron.core.extensions.transformer_engine"), type(qkv)
+    assert hasattr(qkv, "layer_norm_weight")
+    params = list(worker.module.parameters())
+    assert {p.dtype for p in params} == {torch.bfloat16}
+    assert all(p.is_cuda for p in params)
+
+
+def test_provider_falls_back_to_local_spec_without_transformer_engine(
+        world: None, hf_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron_pc.training.worker import ReferenceWorker
+
+    # A None entry makes `import transformer_engine.pytorch` raise ImportError, as if absent.
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", None)
+    assert not transformer_engine_available()
+    worker = ReferenceWorker(_model_cfg(hf_dirs["qwen2"]))
+    qkv = _qkv_module(worker)
+    assert type(qkv).__module__ == "megatron.core.tensor_parallel.layers", type(qkv)
+    # Only the layers follow the chosen spec: Megatron's TransformerBlock picks the final norm
+    # from what was importable when megatron.core was imported, which this test cannot undo.
+    assert not any("transformer_engine" in type(m).__module__ for m in worker.module.decoder.layers.modules())
+    # The local spec must also load and run in bf16 on the GPU.
+    worker.load_hf()
+    seqs = _sequences(4)
+    ours = [lp for lp, _ in worker.compute_logprobs(seqs)]
+    diff = torch.cat([a - b for a, b in zip(ours, _hf_logprobs(hf_dirs["qwen2"], seqs))]).abs().mean().item()
+    assert diff <= TOLERANCE
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_bf16_logprobs_match_transformers_bf16(world: None, hf_dirs: dict[str, Path], model_type: str) -> None:
+    from megatron_pc.training.worker import ReferenceWorker
+
+    seqs = _sequences()
+    worker = ReferenceWorker(_model_cfg(hf_dirs[model_type]), micro_batch_tokens=64)  # several micro-batches
+    worker.load_hf()
+    ours = [lp for lp, _ in worker.compute_logprobs(seqs)]
+    ref = _hf_logprobs(hf_dirs[model_type], seqs)
+    assert [len(lp) for lp in ours] == [s.response_len for s in seqs]
+    # The log-probs vary far more than the tolerance, so agreeing within it is not trivial.
+    assert torch.cat(ref).std().item() > 10 * TOLERANCE
+    diff = torch.cat([a - b for a, b in zip(ours, ref)]).abs()
+    assert diff.mean().item() <= TOLERANCE, (diff.mean().item(), diff.max().item())
+
+
+def test_bf16_train_step_keeps_fp32_main_params_and_moves_weights_toward_advantage(
+        world: None, hf_dirs: dict[str, Path]) -> None:
+    from megatron_pc.training.worker import PolicyWorker
+
+    seqs = _sequences()
+    worker = PolicyWorker(_model_cfg(hf_dirs["qwen2"]), TrainingConfig(lr=LR, micro_batch_tokens=64, dual_clip=None))
+    worker.load_hf()
+    # Mixed precision: the optimizer updates fp32 copies and writes them back into bf16 weights.
+    assert {p.dtype for g in worker.optimizer.param_groups for p in g["params"]} == {torch.float32}
+    before = worker.compute_logprobs(seqs)
+    for seq, (lp, _) in zip(seqs, before):
+        seq.old_logprobs = lp.tolist()
+    weights = {n: p.detach().clone() for n, p in worker.module.named_parameters()}
+
+    metrics = worker.train_step(seqs)
+
+    assert metrics["update_ok"] == 1.0
+    assert torch.isfinite(torch.tensor(metrics["loss"])) and 0.0 < metrics["grad_norm"] < float("inf")
+    # Every weight matrix moves. Norm weights sit near 1, where a bf16 step (2^-7) exceeds one
+    # Adam step (~LR): their change stays in the fp32 main copy until it adds up.
+    matrices = {n for n, p in worker.module.named_parameters() if p.dim() == 2}
+    unchanged = {n for n, p in worker.module.named_parameters() if torch.equal(p, weights[n])}
+    assert matrices and not matrices & unchanged, sorted(matrices & unchanged)
+    after = worker.compute_logprobs(seqs)
+    # Summed over the batch, the update raises log-probs of positive-advantage responses and
+    # lowers those of negative ones (per sequence, bf16 noise could flip a small change).
+    gain = sum(s.advantage * (a[0] - b[0]).sum().item() for s, a, b in zip(seqs, after, before))
+    assert gain > 0, gain
