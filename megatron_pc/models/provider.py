@@ -49,6 +49,25 @@ def layer_spec(arch: HFArch, use_te: bool | None = None):  # -> ModuleSpec
     return specs.get_gpt_layer_local_spec(qk_layernorm=arch.family.qk_norm, normalization="RMSNorm")
 
 
+def block_spec(arch: HFArch, config, use_te: bool | None = None):  # -> TransformerBlockSubmodules
+    """This stage's layers plus the final norm, both from the same implementation.
+
+    Passing only a layer spec would let Megatron choose the final norm from whatever imported
+    (TE, else Apex's FusedLayerNorm, which rejects RMSNorm, else torch): the local spec on a
+    machine with Apex would fail, and one with TE would mix implementations.
+    """
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    use_te = transformer_engine_available() if use_te is None else use_te
+    if use_te:
+        from megatron.core.extensions.transformer_engine import TENorm as norm
+    else:
+        norm = WrappedTorchNorm
+    layers = get_num_layers_to_build(config)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(arch, use_te)] * layers, layer_norm=norm)
+
+
 def transformer_config(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype):  # -> TransformerConfig
     """The Megatron TransformerConfig equivalent to ``arch`` (dropout off: RL needs exact
     log-probs, and CPU has no CUDA RNG for dropout anyway)."""
@@ -104,7 +123,7 @@ def build_gpt_model(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype, u
     config = transformer_config(arch, tp, pp, params_dtype)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(arch, use_te),
+        transformer_layer_spec=block_spec(arch, config, use_te),
         vocab_size=padded_vocab_size(arch.vocab_size, tp),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=True),
