@@ -166,6 +166,13 @@ def unshard(entry: Entry, shards: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(shards, dim=entry.tp_dim)
 
 
+def hf_tensors(entry: Entry, layer: int | None, full: torch.Tensor,
+               shapes: Shapes) -> list[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) pairs of one full Megatron tensor; the per-tensor step shared by
+    the offline converter and the live export (megatron_pc.models.export)."""
+    return [(hf_name.format(layer=layer), part) for hf_name, part in zip(entry.hf, to_hf(entry, full, shapes))]
+
+
 def megatron_to_hf(family: str, tie_embeddings: bool, full: dict[str, torch.Tensor],
                    shapes: Shapes) -> dict[str, torch.Tensor]:
     """HF-named tensors from full Megatron tensors (global layer indices); the tied output
@@ -177,6 +184,46 @@ def megatron_to_hf(family: str, tie_embeddings: bool, full: dict[str, torch.Tens
         entry, layer = lookup(family, tie_embeddings, name)
         if entry is OUTPUT_TIED:
             continue
-        for hf_name, part in zip(entry.hf, to_hf(entry, tensor, shapes)):
-            out[hf_name.format(layer=layer)] = part
+        out.update(hf_tensors(entry, layer, tensor, shapes))
     return out
+
+
+# ---- Megatron distributed checkpoints -----------------------------------------------------
+
+_CHECKPOINT_KEYS: dict[str, str] = {local: te_name for te_name, local in TE_ALIASES.items()}
+"""Local-spec layer name -> the key Megatron checkpoints use (the local spec saves its norms
+under the TE names, so checkpoints do not depend on the layer spec)."""
+
+
+def checkpoint_key(megatron_name: str) -> tuple[str, int | None]:
+    """The dist-checkpoint key of a concrete Megatron name, and its layer index.
+
+    Megatron stacks the layers of a key along a leading axis of length num_layers: layer
+    ``l`` of ``decoder.layers.{l}.X`` is slice ``l`` of the tensor keyed ``decoder.layers.X``."""
+    name = normalize_name(megatron_name)
+    match = _LAYER_RE.match(name)
+    if not match:
+        return name, None
+    rest = match.group(2)
+    return "decoder.layers." + _CHECKPOINT_KEYS.get(rest, rest), int(match.group(1))
+
+
+def megatron_shape(entry: Entry, shapes: Shapes, hidden: int, ffn: int) -> tuple[int, ...]:
+    """The full (TP=1) shape of an entry's Megatron tensor."""
+    hd = shapes.head_dim
+    qkv = (shapes.num_heads + 2 * shapes.num_kv_heads) * hd
+    table = {
+        EMBEDDING.megatron: (shapes.padded_vocab_size, hidden),
+        OUTPUT.megatron: (shapes.padded_vocab_size, hidden),
+        FINAL_NORM.megatron: (hidden,),
+        _M + "input_layernorm.weight": (hidden,),
+        _M + "pre_mlp_layernorm.weight": (hidden,),
+        _M + "self_attention.linear_qkv.weight": (qkv, hidden),
+        _M + "self_attention.linear_qkv.bias": (qkv,),
+        _M + "self_attention.linear_proj.weight": (hidden, shapes.num_heads * hd),
+        _M + "self_attention.q_layernorm.weight": (hd,),
+        _M + "self_attention.k_layernorm.weight": (hd,),
+        _M + "mlp.linear_fc1.weight": (2 * ffn, hidden),
+        _M + "mlp.linear_fc2.weight": (hidden, ffn),
+    }
+    return table[entry.megatron]

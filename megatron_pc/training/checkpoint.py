@@ -75,6 +75,21 @@ def _state(worker: Any, is_loading: bool, with_optimizer: bool) -> dict[str, Any
     return state
 
 
+HF_METADATA_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
+"""Hugging Face files copied into a checkpoint so that it is self-describing."""
+
+
 def save_checkpoint(worker: Any, path: str | Path) -> None:
     """Save ``worker`` (a PolicyWorker) collectively: every rank must call it."""
     from megatron.core import dist_checkpointing
@@ -88,9 +103,11 @@ def save_checkpoint(worker: Any, path: str | Path) -> None:
     dist_checkpointing.save(state, str(path))
     if dist.get_rank() == 0:
         # config.json rebuilds the model; tokenizer files let ``score --load`` read it alone.
-        for source in Path(worker.model_cfg.path).iterdir():
-            if source.is_file() and not source.name.startswith("model.safetensors"):
-                shutil.copy(source, path / source.name)
+        # Only these: model.path may itself be a checkpoint, whose own files must not be copied.
+        for name in HF_METADATA_FILES:
+            source = Path(worker.model_cfg.path) / name
+            if source.is_file():
+                shutil.copy(source, path / name)
         (path / MARKER).write_text(json.dumps({"step": worker.step, "layout": _layout()}))
     dist.barrier()
     logger.info("saved checkpoint step %d to %s", worker.step, path)
