@@ -32,14 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(*split_config_args(args.config, args.overrides))
 
     from megatron_pc.cluster.prepare import prepare, record_config
-    from megatron_pc.cluster.trainer import Trainer, install_signal_handlers
+    from megatron_pc.cluster.trainer import Trainer
 
     run_dir = cfg.resolved_run_dir
     record_config(cfg, run_dir)
     _log_to_file(run_dir / "train.log")
     data = prepare(cfg)
     trainer = Trainer(cfg, data)
-    install_signal_handlers(trainer)
     last = trainer.run()
     if trainer.preempted:
         print(f"preempted: checkpoint written in {run_dir / 'checkpoints'}; run the same command to resume", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,12 +62,16 @@ def prepare(cfg: Config) -> RunData:
 
     train_tokens, val_tokens = encode(train), encode(val)
     longest = max(len(t) for t in train_tokens + val_tokens)
-    if longest + cfg.rollout.max_tokens > cfg.rollout.max_model_len:
-        raise ConfigError(
-            "rollout.max_model_len",
-            f"{cfg.rollout.max_model_len} is too short for the longest prompt ({longest} tokens) + rollout.max_tokens ({cfg.rollout.max_tokens})",
-        )
+    limit = cfg.rollout.max_model_len or _model_positions(model_path)
+    if longest + cfg.rollout.max_tokens > limit:
+        field = "rollout.max_model_len" if cfg.rollout.max_model_len else "rollout.max_tokens"
+        raise ConfigError(field, f"the longest prompt ({longest} tokens) + rollout.max_tokens ({cfg.rollout.max_tokens}) exceeds the engine length {limit}")
     return RunData(model_path, tokenizer, train, val, train_tokens, val_tokens)
+
+
+def _model_positions(model_path: Path) -> int:
+    config = json.loads((model_path / "config.json").read_text())
+    return int(config.get("max_position_embeddings", 2**31))
 
 
 def record_config(cfg: Config, run_dir: Path) -> None:

@@ -76,6 +76,8 @@ class Trainer:
         """Train to ``training.steps`` (or until preempted); returns the last step's metrics."""
         cfg = self.cfg
         started = G.start_ray(cfg, bundles=cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel + cfg.rollout.engines)
+        # ray.init installs its own SIGTERM handler; ours must come after it.
+        install_signal_handlers(self)
         placement = policy = engines = None
         last: dict[str, float] = {}
         try:
@@ -189,7 +191,10 @@ class Trainer:
             engine_lp = engines.score([s.tokens for s in seqs])
         # engine_lp[i][t] is the log-prob of token t+1; response tokens start at prompt_len.
         diffs = [abs(a - b) for s, t, e in zip(seqs, trainer_lp, engine_lp) for a, b in zip(t, e[s.prompt_len - 1 :])]
-        gap = sum(diffs) / max(len(diffs), 1)
+        if not diffs:
+            raise MegatronPCError("the sync check compared no tokens: engine and trainer log-probs are misaligned")
+        logger.debug("sync check: %d tokens, first trainer %s engine %s", len(diffs), trainer_lp[0][:3], engine_lp[0][seqs[0].prompt_len - 1 :][:3])
+        gap = sum(diffs) / len(diffs)
         if not math.isfinite(gap) or gap > self.cfg.rollout.logprob_gap_max:
             raise MegatronPCError(
                 f"after the weight sync the engines and the trainer disagree: mean |log-prob gap| {gap:.3g} > "

