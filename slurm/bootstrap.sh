@@ -163,6 +163,19 @@ forward() {
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 
+# Ray token authentication, one token per job. Left to itself Ray disagrees with itself:
+# `ray start` turns token auth on whenever ~/.ray/auth_token exists (any earlier local
+# ray.init() writes one), but a client given an explicit address (wait_for_ray.py, the
+# driver) never does, and is then refused ("InvalidAuthToken"). An explicit mode and a token
+# in the environment reach every process of the job: the driver, Ray's own processes, and
+# the srun workers on other nodes (srun passes the environment on). Made without python so
+# nothing runs before the head starts. A user's own RAY_AUTH_MODE / RAY_AUTH_TOKEN win.
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+if [ "$RAY_AUTH_MODE" = token ] && [ -z "${RAY_AUTH_TOKEN:-}" ] && [ -z "${RAY_AUTH_TOKEN_PATH:-}" ]; then
+    RAY_AUTH_TOKEN="$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')"
+    export RAY_AUTH_TOKEN
+fi
+
 say "starting the Ray head at $ray_address (temp dir $ray_tmp)"
 "${head_cmd[@]}"
 for node in "${workers[@]}"; do

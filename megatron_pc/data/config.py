@@ -22,7 +22,7 @@ class DataConfig:
     """Validation prompts: a file, or None to split them off ``source`` by seed."""
     train_size: int = 2048
     """Prompts generated for a builtin training set (ignored for files)."""
-    validation_size: int = 256
+    validation_size: int = 512
     """Validation prompts (generated, or split off a file source; ignored with ``validation``)."""
     max_prompt_tokens: int = 64
     """Longer prompts are truncated from the left."""

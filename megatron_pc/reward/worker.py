@@ -25,6 +25,11 @@ def worker_main(conn: Connection, memory_mb: int) -> None:
     """Serve grading requests until the parent sends None or closes the pipe."""
     # Ctrl-C goes to the whole process group; the parent decides what happens to workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SLURM signals every process of a job on preemption (SIGTERM, or SIGUSR1 with --signal);
+    # the driver must still grade the step in flight and checkpoint, so workers leave on the
+    # parent's word (or when its pipe closes), never on their own.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if memory_mb > 0:
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

