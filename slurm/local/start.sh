@@ -85,8 +85,10 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
-# Short kill wait so cancelled test jobs do not linger for the default 30 s.
-KillWait=5
+# Between SIGTERM and SIGKILL a preempted job finishes its step, checkpoints and stops its
+# Ray head (several seconds); 20 s leaves room for that while cancelled test jobs do not
+# linger for the default 30 s.
+KillWait=20
 StateSaveLocation=$run_dir/state
 SlurmdSpoolDir=$run_dir/spool/%n
 SlurmctldPidFile=$run_dir/slurmctld.pid
