@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 
 from megatron_pc.allocation import Rollout, build_strategy

@@ -14,7 +14,7 @@ import multiprocessing as mp
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 from megatron_pc.reward.config import RewardConfig

@@ -96,7 +96,7 @@ def test_rounds_divide_evenly_over_generation_ranks() -> None:
 
 def test_pool_draw_with_exclude_keeps_passed_prompts_next_in_line() -> None:
     pool = PromptPool(6, seed=0)
-    order = pool.draw(6)
+    pool.draw(6)
     pool.end_epoch()
     first = pool._order[:3]
     got = pool.draw(2, exclude={first[0]})
