@@ -148,6 +148,7 @@ class AllocationStrategy(ABC):
 
     def _gauges(self, groups: list[TrainGroup]) -> dict[str, float]:
         n = max(len(groups), 1)
+        pool = self.pool.counts()
         rewards = sum((g.reward_sum for g in groups), 0.0)
         rollouts = sum(g.size for g in groups)
         return {
@@ -158,9 +159,9 @@ class AllocationStrategy(ABC):
             "zero_variance_share": sum(1 for g in groups if not g.informative) / n,
             "group_reward_var_mean": sum(g.reward_variance for g in groups) / n,
             "buffer_size": self._buffer_size(),
-            "pool_active": self.pool.counts()["active"],
-            "pool_deferred": self.pool.counts()["deferred"],
-            "pool_evicted": self.pool.counts()["evicted"],
+            "pool_active": pool["active"],
+            "pool_deferred": pool["deferred"],
+            "pool_evicted": pool["evicted"],
             **self._extra_gauges(groups),
         }
 

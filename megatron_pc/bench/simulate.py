@@ -43,7 +43,8 @@ from typing import Any
 
 from megatron_pc.allocation import Rollout, RoundPlan, build_strategy
 from megatron_pc.allocation.trace import NullTrace, TraceSink, TraceWriter
-from megatron_pc.config import Config, load_config
+from megatron_pc.allocation.config import AllocationConfig
+from megatron_pc.config import Config, from_dict, load_config, to_dict
 from megatron_pc.config_cli import split_config_args
 from megatron_pc.errors import ConfigError
 
@@ -159,10 +160,7 @@ def run_one(cfg: Config, sim: SimConfig, strategy: str, seed: int, trace: TraceS
     }
 
 
-def _with_strategy(cfg: Config, strategy: str) -> Any:
-    from megatron_pc.config import from_dict, to_dict
-    from megatron_pc.allocation.config import AllocationConfig
-
+def _with_strategy(cfg: Config, strategy: str) -> AllocationConfig:
     data = to_dict(cfg.allocation)
     data["strategy"] = strategy
     return from_dict(AllocationConfig, data, "allocation")

@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from megatron_pc.allocation import StepResult, build_strategy
+from megatron_pc.allocation import StepResult, TrainGroup, build_strategy
 from megatron_pc.allocation.trace import TraceWriter
 from megatron_pc.cluster import groups as G
 from megatron_pc.cluster.evaluation import Evaluator, decode_and_score
@@ -207,9 +207,7 @@ class Trainer:
         self.checkpoints.save(step, controller, lambda d: policy.call("save", str(d)))
 
 
-def _single(group: Any) -> Any:
-    from megatron_pc.allocation import TrainGroup
-
+def _single(group: TrainGroup) -> TrainGroup:
     return TrainGroup(group.prompt, group.rollouts[:1], group.step)
 
 

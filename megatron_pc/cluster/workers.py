@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
@@ -124,8 +123,3 @@ class EngineActor:
     def shutdown(self) -> None:
         """Release the engine."""
         self.engine.shutdown()
-
-
-def checkpoint_dir_name(path: Path) -> str:
-    """A path as the string Ray actors receive (they share the filesystem with the driver)."""
-    return str(path.resolve())
