@@ -57,6 +57,7 @@ class Config:
         # Rounds are split evenly over the generation engines; check it can always be done.
         self.allocation.check_generation_ranks(self.rollout.engines, field_prefix="allocation")
         self.reward.check_max_tokens(self.rollout.max_tokens, field_prefix="reward")
+        self.rollout.check_placement(self.cluster.placement, field_prefix="rollout")
 
     @property
     def resolved_run_dir(self) -> Path:

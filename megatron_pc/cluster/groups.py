@@ -133,16 +133,19 @@ class MegatronGroup:
             for rank in range(placement.world)
         ]
         ray.get([a.ready.remote() for a in self.actors])
+        self.weight_channel: tuple[str, tuple[Any, ...]] | None = None
+        """(transport, the engines it reaches) of the channel rank 0 has open, if any."""
 
     def call(self, method: str, *args: Any) -> Any:
         """Run ``method`` on every rank; return rank 0's result."""
         ray = _import_ray()
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
 
-    def export_buckets(self, bucket_bytes: int) -> Iterator[Any]:
-        """Object refs of weight buckets (rank 0's stream; the others take part in collectives)."""
+    def export_buckets(self, bucket_bytes: int, method: str = "export_buckets") -> Iterator[Any]:
+        """Object refs of what rank 0's streaming ``method`` yields per weight bucket (the
+        bucket, its metadata or its CUDA IPC handle); the other ranks take part in collectives."""
         ray = _import_ray()
-        streams = [a.export_buckets.options(num_returns="streaming").remote(bucket_bytes) for a in self.actors]
+        streams = [getattr(a, method).options(num_returns="streaming").remote(bucket_bytes) for a in self.actors]
         yield from streams[0]
         for other in streams[1:]:
             for ref in other:  # drain: non-zero ranks yield nothing, but must finish
@@ -213,19 +216,53 @@ def engine_group(cfg: Config, placement: Placement, model_path: str, run_dir: Pa
     return EngineGroup(lambda k: RayEngine(cfg, placement, model_path, run_dir, k), cfg.rollout.engines, concurrent=True)
 
 
-def sync_weights(policy: MegatronGroup, engines: EngineGroup, bucket_mb: int) -> dict[str, float]:
+_TRANSPORT_METHODS = {
+    "object_store": ("export_buckets", "update_weights"),  # the bucket itself, through Ray
+    "broadcast": ("broadcast_buckets", "receive_bucket"),  # its metadata; the tensors follow over the group
+    "cuda_ipc": ("share_buckets", "load_shared_bucket"),  # a CUDA IPC handle of it
+}
+"""Per transport: rank 0's streaming method (what it yields per bucket) and the engine
+actor's method that takes that and loads the bucket."""
+
+
+def sync_weights(policy: MegatronGroup, engines: EngineGroup, bucket_mb: int, transport: str = "object_store") -> dict[str, float]:
     """Stream the policy's weights (HF names, full tensors) into every engine, bucket by bucket.
 
+    ``transport`` is a resolved ``rollout.weight_transport`` (see rollout/transport.py).
     Bucket k is loading into the engines while bucket k+1 is being gathered; peak memory stays
     near two buckets. Returns seconds and MB moved.
     """
     ray = _import_ray()
+    if transport not in _TRANSPORT_METHODS:
+        raise ValueError(f"unknown weight transport {transport!r} (resolve rollout.weight_transport first)")
     start = time.perf_counter()
+    if transport != "object_store":
+        _connect_weight_channel(policy, engines, transport)
+    send, load = _TRANSPORT_METHODS[transport]
     pending, moved = [], 0
-    for ref in policy.export_buckets(bucket_mb * 2**20):
-        pending += [engine.actor.update_weights.remote(ref) for engine in engines.engines]
+    for ref in policy.export_buckets(bucket_mb * 2**20, send):
+        pending += [getattr(engine.actor, load).remote(ref) for engine in engines.engines]
     for stats in ray.get(pending):
         moved += stats["bytes"]
     moved //= max(len(engines.engines), 1)
     seconds = time.perf_counter() - start
     return {"sync_seconds": seconds, "sync_mb": moved / 1e6, "sync_mb_per_s": moved / 1e6 / seconds if seconds else 0.0}
+
+
+def _connect_weight_channel(policy: MegatronGroup, engines: EngineGroup, transport: str) -> None:
+    """Open rank 0's channel to the current engine actors, unless it is open already (a
+    restarted engine is a new actor: then everyone joins a new channel)."""
+    from megatron_pc.rollout.transport import DEFAULT_TIMEOUT_S as timeout_s
+
+    ray = _import_ray()
+    key = (transport, tuple(engines.engines))  # engines compare by identity
+    if policy.weight_channel == key:
+        return
+    sender = policy.actors[0]
+    names = [engine.name for engine in engines.engines]
+    address = ray.get(sender.open_weight_channel.remote(transport, names, timeout_s))
+    size = len(names) + 1
+    joins = [engine.actor.join_weight_channel.remote(transport, address, k + 1, size, timeout_s) for k, engine in enumerate(engines.engines)]
+    ray.get([sender.connect_weight_channel.remote(), *joins])
+    policy.weight_channel = key
+    logger.info("weight sync: %s channel at %s to %s", transport, address, ", ".join(names))

@@ -65,6 +65,8 @@ class Trainer:
         trace = TraceWriter(self.run_dir / "trace.jsonl", keep_through_step=self.resume_step if latest else None) if cfg.logging.trace else None
         self.strategy = build_strategy(cfg.allocation, len(data.train), cfg.seed, cfg.rollout.engines, trace)
         self.tokens_total = 0
+        # Refuse a transport the devices cannot serve before any worker starts.
+        self.transport = cfg.rollout.resolve_transport(use_gpu=_has_gpu(), colocated=cfg.cluster.placement == "colocated")
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         """Preemption: finish the current step, checkpoint, exit (see driver.PREEMPTED_EXIT)."""
@@ -117,7 +119,7 @@ class Trainer:
             state = self.checkpoints.load_controller(self.resume_path)
             self.strategy.load_state_dict(state["strategy"])
             self.tokens_total = state["tokens_total"]
-            G.sync_weights(policy, engines, self.cfg.rollout.sync_bucket_mb)
+            G.sync_weights(policy, engines, self.cfg.rollout.sync_bucket_mb, self.transport)
         else:
             policy.call("load_hf", str(self.data.model_path))
         if reference is not None:
@@ -177,7 +179,7 @@ class Trainer:
                 out = policy.call("train_step", seqs)
         engines.wake()
         with timer("sync"):
-            out.update(G.sync_weights(policy, engines, cfg.rollout.sync_bucket_mb))
+            out.update(G.sync_weights(policy, engines, cfg.rollout.sync_bucket_mb, self.transport))
         return out
 
     def _check_sync(self, result: StepResult, policy: G.MegatronGroup, engines: Any, timer: Timer) -> float:

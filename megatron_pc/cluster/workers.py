@@ -37,6 +37,7 @@ class MegatronRank:
         from megatron_pc.training.worker import PolicyWorker, ReferenceWorker
 
         self.rank = rank
+        self.sender: Any = None  # rank 0's weight-sync channel (broadcast / cuda_ipc)
         self.worker = PolicyWorker(model_cfg, train_cfg) if trainable else ReferenceWorker(model_cfg, micro_batch_tokens=train_cfg.micro_batch_tokens)
 
     def ready(self) -> int:
@@ -68,24 +69,77 @@ class MegatronRank:
 
         load_checkpoint(self.worker, path)
 
-    def export_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
-        """HF-named full tensors in buckets of about ``bucket_bytes`` (collective; rank 0 yields).
-
-        A generator so that the driver can push bucket k to the engines while bucket k+1 is
-        being gathered, and memory stays near one bucket.
-        """
+    def _buckets(self, bucket_bytes: int, *, to_cpu: bool) -> Iterator[list[tuple[str, Any]]]:
+        """HF-named full tensors in buckets of about ``bucket_bytes`` (collective; rank 0 yields)."""
         from megatron_pc.models.export import iter_hf_tensors
 
         bucket: list[tuple[str, Any]] = []
         size = 0
         for name, tensor in iter_hf_tensors(self.worker.module, self.worker.arch):
-            bucket.append((name, tensor.detach().cpu().contiguous()))
+            bucket.append((name, tensor.detach().cpu().contiguous() if to_cpu else tensor.detach()))
             size += tensor.numel() * tensor.element_size()
             if size >= bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
         if bucket:
             yield bucket
+
+    def export_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+        """Buckets of CPU tensors for the object store (collective; rank 0 yields).
+
+        A generator so that the driver can push bucket k to the engines while bucket k+1 is
+        being gathered, and memory stays near one bucket.
+        """
+        yield from self._buckets(bucket_bytes, to_cpu=True)
+
+    # ---- broadcast / CUDA IPC weight sync (rank 0 is the sender; see rollout/transport.py) ----
+    def open_weight_channel(self, transport: str, receivers: list[str], timeout_s: float) -> str:
+        """Rank 0: host a new channel to the named engines (closing any old one); returns the
+        address the engines join."""
+        import ray
+        import torch
+
+        from megatron_pc import platform
+        from megatron_pc.rollout.transport import open_sender
+
+        if self.rank != 0:
+            raise RuntimeError(f"policy rank {self.rank}: only rank 0 sends weights")
+        self.close_weight_channel()
+        device = platform.device() if torch.cuda.is_available() else "cpu"
+        self.sender = open_sender(transport, ray.util.get_node_ip_address(), receivers, device=device, timeout_s=timeout_s)
+        return self.sender.address
+
+    def connect_weight_channel(self) -> None:
+        """Rank 0: wait for the engines to join (forms the broadcast group)."""
+        self._sender().connect()
+
+    def close_weight_channel(self) -> None:
+        """Rank 0: drop the channel, if any."""
+        if self.sender is not None:
+            self.sender.close()
+        self.sender = None
+
+    def _sender(self) -> Any:
+        if self.sender is None:
+            raise RuntimeError(f"policy rank {self.rank}: no weight-sync channel is open")
+        return self.sender
+
+    def broadcast_buckets(self, bucket_bytes: int) -> Iterator[list[Any]]:
+        """Collective: rank 0 yields each bucket's metadata, then broadcasts the bucket (the
+        driver hands the metadata to the engines, which receive it); other ranks yield nothing."""
+        from megatron_pc.rollout.transport import bucket_meta
+
+        for bucket in self._buckets(bucket_bytes, to_cpu=False):
+            yield bucket_meta(bucket)
+            self._sender().send(bucket)
+
+    def share_buckets(self, bucket_bytes: int) -> Iterator[Any]:
+        """Collective: rank 0 yields a CUDA IPC handle per bucket (keeping its buffer until the
+        engine acknowledges it); other ranks yield nothing."""
+        for bucket in self._buckets(bucket_bytes, to_cpu=False):
+            yield self._sender().share(bucket)
+        if self.rank == 0:
+            self._sender().finish()
 
 
 class EngineActor:
@@ -95,6 +149,7 @@ class EngineActor:
         from megatron_pc.rollout.vllm_engine import VllmEngine
 
         self.engine = VllmEngine(model_path, rollout_cfg, run_dir=run_dir, name=name, seed=seed)
+        self.receiver: Any = None  # its end of policy rank 0's weight-sync channel, once joined
 
     def ready(self) -> str:
         """The engine's name once it started."""
@@ -112,6 +167,42 @@ class EngineActor:
         """Load one bucket of HF-named tensors."""
         return asdict(self.engine.update_weights(bucket))
 
+    def join_weight_channel(self, transport: str, address: str, rank: int, size: int, timeout_s: float) -> None:
+        """Join policy rank 0's broadcast or CUDA IPC channel as ``rank`` (blocks until the
+        broadcast group formed)."""
+        import torch
+
+        from megatron_pc import platform
+        from megatron_pc.rollout.transport import join_receiver
+
+        self.close_weight_channel()
+        device = platform.device() if torch.cuda.is_available() else "cpu"
+        self.receiver = join_receiver(transport, address, rank, size, self.engine.name, device=device, timeout_s=timeout_s)
+
+    def close_weight_channel(self) -> None:
+        """Leave the channel, if any."""
+        if self.receiver is not None:
+            self.receiver.close()
+        self.receiver = None
+
+    def receive_bucket(self, meta: list[Any]) -> dict[str, float]:
+        """Receive one broadcast bucket laid out as ``meta`` and load it."""
+        return asdict(self.engine.update_weights(self._receiver().receive(meta)))
+
+    def load_shared_bucket(self, shared: Any) -> dict[str, float]:
+        """Map one CUDA IPC bucket, load it, and acknowledge it so the sender can free it."""
+        receiver = self._receiver()
+        pairs = receiver.open(shared)
+        stats = asdict(self.engine.update_weights(pairs))
+        del pairs  # drop our mapping of the sender's memory before saying we are done
+        receiver.acknowledge(shared)
+        return stats
+
+    def _receiver(self) -> Any:
+        if self.receiver is None:
+            raise RuntimeError(f"engine {self.engine.name}: it has not joined a weight-sync channel")
+        return self.receiver
+
     def sleep(self) -> None:
         """Free accelerator memory while the policy trains."""
         self.engine.sleep()
@@ -121,5 +212,6 @@ class EngineActor:
         self.engine.wake()
 
     def shutdown(self) -> None:
-        """Release the engine."""
+        """Release the engine and leave any weight-sync channel."""
+        self.close_weight_channel()
         self.engine.shutdown()

@@ -132,6 +132,9 @@ class VllmEngine(RolloutEngine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: iterators reach the worker
         os.environ["VLLM_CACHE_ROOT"] = str((run_dir / "vllm_cache").resolve())
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_gib)
+        # vLLM logs to stdout by default, which mixes its log into our commands' results
+        # (`bench rollout --json`); read when vllm is first imported, so set before that.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
     @property
     def alive(self) -> bool:

@@ -133,3 +133,19 @@ def test_a_tp2_policy_in_split_placement_syncs_weights_the_engine_reproduces(tin
         # the TP=2 Megatron policy does (fp32).
         assert r["logprob_gap"] <= 1e-4, r["logprob_gap"]
         assert r["sync_mb"] > 0
+
+
+def test_weights_synced_by_gloo_broadcast_from_a_tp2_policy_are_what_the_engine_reproduces(tiny_model: Path, tmp_path: Path) -> None:
+    run = tmp_path / "broadcast"
+    proc = _train(
+        run, tiny_model, "model.tensor_parallel=2", "cluster.placement=split", "rollout.weight_transport=broadcast",
+        "training.steps=2", "allocation.on_round_limit=train_partial",
+    )
+    _ok(proc)
+    assert "weight sync: broadcast channel" in (run / "train.log").read_text()
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:
+        # Same bar as the object-store sync: every step's pushed weights score like the trainer's.
+        assert r["logprob_gap"] <= 1e-4, r["logprob_gap"]
+        assert r["sync_mb"] > 0

@@ -1,0 +1,112 @@
+"""Weight-sync transports, the pure parts: bucket layout, packing, and which transport a run
+gets (rollout.weight_transport). The multi-process broadcast is in
+tests/integration/test_transport_broadcast.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megatron_pc.config import load_config
+from megatron_pc.errors import ConfigError
+from megatron_pc.rollout.config import RolloutConfig
+from megatron_pc.rollout.transport import ALIGN, TensorMeta, TransportError, bucket_meta, layout, pack, unpack
+
+
+def _bucket() -> list[tuple[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    weird = torch.tensor([float("nan"), -0.0, float("inf"), 1e-45])  # bits a value compare would miss
+    return [
+        ("model.embed_tokens.weight", torch.randn(7, 5, generator=gen)),
+        ("model.layers.0.self_attn.q_proj.weight", torch.randn(3, 5, generator=gen).to(torch.bfloat16)),
+        ("model.layers.0.input_layernorm.weight", torch.randn(5, generator=gen).half()),
+        ("transposed", torch.randn(4, 6, generator=gen).t()),  # not contiguous
+        ("scalar", torch.tensor(3.5, dtype=torch.float64)),
+        ("empty", torch.empty(0, 3)),
+        ("ids", torch.arange(-5, 6, dtype=torch.int64)),
+        ("mask", torch.tensor([True, False, True])),
+        ("bytes", torch.tensor([1, 255, 7], dtype=torch.uint8)),
+        ("weird", weird),
+    ]
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def test_pack_then_unpack_gives_back_every_name_shape_dtype_and_bit_in_order() -> None:
+    bucket = _bucket()
+    meta, buffer = pack(bucket)
+    pairs = unpack(meta, buffer)
+    assert [n for n, _ in pairs] == [n for n, _ in bucket]
+    for (_, got), (name, want) in zip(pairs, bucket):
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        assert _bits(got) == _bits(want), name
+
+
+def test_metadata_is_plain_name_shape_dtype_and_rebuilds_the_layout() -> None:
+    bucket = _bucket()
+    meta = bucket_meta(bucket)
+    assert meta[1] == ("model.layers.0.self_attn.q_proj.weight", (3, 5), "torch.bfloat16")
+    assert meta[4] == TensorMeta("scalar", (), "torch.float64")
+    offsets, total = layout(meta)
+    assert all(o % ALIGN == 0 for o in offsets)
+    assert all(a + m.nbytes <= b for a, b, m in zip(offsets, offsets[1:], meta))  # no overlap
+    assert total == offsets[-1] + meta[-1].nbytes == pack(bucket)[1].numel()
+
+
+def test_unpack_refuses_a_buffer_of_the_wrong_size() -> None:
+    meta, buffer = pack(_bucket())
+    with pytest.raises(TransportError, match="buffer of"):
+        unpack(meta, buffer[:-1])
+
+
+def test_unknown_dtype_in_metadata_names_the_tensor() -> None:
+    with pytest.raises(TransportError, match="tensor w: unknown dtype"):
+        layout([TensorMeta("w", (2,), "torch.float77")])
+
+
+@pytest.mark.parametrize(
+    ("gpu", "colocated", "engines", "expected"),
+    [
+        (False, True, 1, "object_store"),
+        (False, False, 2, "object_store"),
+        (True, True, 1, "cuda_ipc"),
+        (True, True, 2, "object_store"),  # only engine 0 shares rank 0's GPU
+        (True, False, 2, "broadcast"),
+    ],
+)
+def test_auto_picks_the_transport_for_the_devices_and_placement(gpu: bool, colocated: bool, engines: int, expected: str) -> None:
+    assert RolloutConfig(engines=engines).resolve_transport(use_gpu=gpu, colocated=colocated) == expected
+
+
+def test_an_explicit_transport_is_kept_where_it_works() -> None:
+    assert RolloutConfig(weight_transport="broadcast").resolve_transport(use_gpu=False, colocated=True) == "broadcast"
+    assert RolloutConfig(weight_transport="broadcast").resolve_transport(use_gpu=True, colocated=False) == "broadcast"
+    assert RolloutConfig(weight_transport="object_store").resolve_transport(use_gpu=True, colocated=True) == "object_store"
+
+
+def test_cuda_ipc_without_gpus_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        RolloutConfig(weight_transport="cuda_ipc").resolve_transport(use_gpu=False, colocated=True)
+    assert info.value.field == "rollout.weight_transport" and "needs GPUs" in str(info.value)
+
+
+def test_nccl_broadcast_colocated_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        RolloutConfig(weight_transport="broadcast").resolve_transport(use_gpu=True, colocated=True)
+    assert info.value.field == "rollout.weight_transport" and "placement=split" in str(info.value)
+
+
+def test_config_refuses_cuda_ipc_in_split_placement_or_with_several_engines_or_engine_tp() -> None:
+    cases = [
+        (["rollout.weight_transport=cuda_ipc", "cluster.placement=split"], "colocated"),
+        (["rollout.weight_transport=cuda_ipc", "rollout.engines=2", "allocation.pilot.batch=24"], "one engine"),
+        (["rollout.weight_transport=broadcast", "rollout.tensor_parallel=2"], "tensor_parallel 1"),
+    ]
+    for overrides, words in cases:
+        with pytest.raises(ConfigError) as info:
+            load_config(None, overrides)
+        assert info.value.field == "rollout.weight_transport", str(info.value)
+        assert words in str(info.value)
+    assert load_config(None, ["rollout.weight_transport=broadcast", "cluster.placement=split"]).rollout.weight_transport == "broadcast"
