@@ -164,7 +164,7 @@ class Trainer:
             logger.warning("step %d: empty train batch (train_partial): no update", result.step)
             return {}
         engines.sleep()  # colocated engines free the device while the policy trains
-        out: dict[str, float] = {}
+        updates: list[dict[str, float]] = []
         size = cfg.training.mini_batch
         for start in range(0, len(result.groups), size):
             seqs = groups_to_sequences(result.groups[start : start + size], self.data.train_tokens, cfg.training.std_normalize)
@@ -176,7 +176,8 @@ class Trainer:
                     for s, lp in zip(seqs, reference.call("logprobs", seqs)):
                         s.ref_logprobs = lp
             with timer("update"):
-                out = policy.call("train_step", seqs)
+                updates.append(policy.call("train_step", seqs))
+        out = combine_updates(updates)
         engines.wake()
         with timer("sync"):
             out.update(G.sync_weights(policy, engines, cfg.rollout.sync_bucket_mb, self.transport))
@@ -226,3 +227,16 @@ def install_signal_handlers(trainer: Trainer) -> None:
     """SIGTERM / SIGUSR1 (SLURM preemption) ask the trainer to checkpoint and stop."""
     for sig in PREEMPTION_SIGNALS:
         signal.signal(sig, trainer.on_signal)
+
+
+def combine_updates(updates: list[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics from its optimizer updates (one per mini-batch): the mean loss and
+    grad norm, the last learning rate, ``update_ok`` 1 only if every update was applied, and
+    ``updates``, their number."""
+    if not updates:
+        return {}
+    out = {key: sum(u[key] for u in updates) / len(updates) for key in ("loss", "grad_norm")}
+    out["update_ok"] = float(all(u["update_ok"] for u in updates))
+    out["lr"] = updates[-1]["lr"]
+    out["updates"] = float(len(updates))
+    return out
