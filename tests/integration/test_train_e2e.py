@@ -149,3 +149,16 @@ def test_weights_synced_by_gloo_broadcast_from_a_tp2_policy_are_what_the_engine_
         # Same bar as the object-store sync: every step's pushed weights score like the trainer's.
         assert r["logprob_gap"] <= 1e-4, r["logprob_gap"]
         assert r["sync_mb"] > 0
+
+
+def test_a_tp2_engine_gets_every_sync_and_reproduces_the_policy(tiny_model: Path, tmp_path: Path) -> None:
+    """rollout.tensor_parallel=2: the engine actor drives two vLLM worker processes; each sync
+    reaches both shards (the engine scores like the trainer after every step)."""
+    run = tmp_path / "engine_tp2"
+    proc = _train(run, tiny_model, "rollout.tensor_parallel=2", "training.steps=2", "allocation.on_round_limit=train_partial")
+    _ok(proc)
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:
+        assert r["logprob_gap"] <= 1e-4, r["logprob_gap"]
+        assert r["sync_mb"] == rows[1]["sync_mb"] > 0  # the whole model, counted by the engine

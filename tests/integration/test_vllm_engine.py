@@ -168,3 +168,33 @@ def test_sleep_blocks_generation_until_wake_and_is_a_flagged_no_op_on_cpu(engine
     finally:
         engine.wake()
     assert len(engine.generate([request], SamplingSettings(max_tokens=4)).samples[0]) == 1
+
+
+def test_a_tp2_engine_runs_its_shards_in_worker_processes_and_takes_full_tensor_pushes(tiny_model_dir, tmp_path, tok) -> None:
+    """tensor_parallel=2: two vLLM worker processes (threads bound to this machine's CPUs, split
+    between them); pushed full HF tensors reach both, which load their shards."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    seqs = [tok(p + a)["input_ids"] + [tok.eos_token_id] for p, a in [("12+345=", "357"), ("7*8=", "56")]]
+    eng = VllmEngine(tiny_model_dir, RolloutConfig(max_tokens=8, tensor_parallel=2), run_dir=tmp_path, name="tp2", seed=0)
+    try:
+        result = eng.generate([GenerationRequest(tuple(seqs[0][:4]), 6)], SamplingSettings(temperature=1.0, max_tokens=8, seed=3))
+        assert [len(g) for g in result.samples] == [6]
+        perturb(hf, seed=99)
+        stats = eng.update_weights(hf.state_dict().items())
+        assert stats.tensors == len(hf.state_dict()) and stats.bytes == sum(t.numel() * 4 for t in hf.state_dict().values())
+        diffs = [abs(a - b) for s, e in zip(seqs, eng.score(seqs)) for a, b in zip(e, hf_logprobs(hf, s))]
+        assert sum(diffs) / len(diffs) <= 1e-4
+    finally:
+        eng.shutdown()
+
+
+def test_cpu_binding_splits_the_cpus_evenly_between_workers() -> None:
+    from megatron_pc.rollout.base import EngineError
+    from megatron_pc.rollout.vllm_engine import cpu_binding
+
+    assert cpu_binding([0, 1], 2) == "0|1"
+    assert cpu_binding([0, 1, 2, 3, 4], 2) == "0,1|2,3"
+    with pytest.raises(EngineError, match="tensor_parallel 4 needs at least 4 CPUs"):
+        cpu_binding([0, 1], 4)
