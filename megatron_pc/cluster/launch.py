@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -129,6 +130,10 @@ def wait_for_slurm_job(job_id: str, poll_s: float) -> tuple[str, str]:
 
 def _slurm(run: Any, args: argparse.Namespace, config: Path, env: dict[str, str]) -> tuple[bool, str]:
     """Submit bootstrap.sh through nemo-run's SlurmExecutor and wait for the job."""
+    missing = [tool for tool in ("sbatch", "scontrol") if shutil.which(tool) is None]
+    if missing:
+        raise MegatronPCError(f"--executor slurm needs the SLURM client commands, and {' and '.join(missing)} "
+                              f"{'is' if len(missing) == 1 else 'are'} not on PATH: run it on a login node of the cluster (or start slurm/local/start.sh)")
     # bootstrap.sh reads the strategy and overrides from the environment (docs/slurm.md).
     env.update(STRATEGY=args.strategy, MPC_OVERRIDES=" ".join(args.overrides), MPC_REPO=str(REPO))
     # nemo-run writes each as `export KEY=VALUE` into the batch script, unquoted.
@@ -144,10 +149,14 @@ def _slurm(run: Any, args: argparse.Namespace, config: Path, env: dict[str, str]
         tunnel=run.LocalTunnel(job_dir=os.path.join(args.job_dir, "experiments")),
         packager=run.Packager(),  # the job runs this checkout in place (no git archive)
     )  # fmt: skip
-    with run.Experiment(f"mpc-{config.stem}-{args.strategy}", executor=executor, base_dir=args.job_dir, log_level="WARN") as exp:
-        exp.add(task, executor=executor, name="train")
-        exp.run(detach=True)
-        info = (exp.status(return_dict=True) or {}).get("train") or {}
+    try:
+        with run.Experiment(f"mpc-{config.stem}-{args.strategy}", executor=executor, base_dir=args.job_dir, log_level="WARN") as exp:
+            exp.add(task, executor=executor, name="train")
+            exp.run(detach=True)
+            info = (exp.status(return_dict=True) or {}).get("train") or {}
+    except Exception as err:  # nemo-run raises what its tunnel's sbatch call raised
+        detail = getattr(getattr(err, "result", None), "stderr", "") or str(err)
+        raise MegatronPCError(f"nemo-run could not submit the job: {detail.strip()[-2000:]}") from err
     job_id = str(info.get("job_id", ""))
     if not job_id.isdigit():
         raise MegatronPCError(f"nemo-run submitted the job but reported no SLURM job id ({info!r}); see {args.job_dir}")

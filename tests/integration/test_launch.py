@@ -76,3 +76,14 @@ def test_local_executor_runs_the_training_job_through_nemo_run(tmp_path: Path, t
     assert "nemo-run runs from the launcher environment" in proc.stdout
     assert "megatron-pc launch: job COMPLETED (nemo-run state SUCCEEDED)" in proc.stdout
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1]
+
+
+def test_slurm_executor_without_slurm_commands_says_so(tmp_path: Path) -> None:
+    """No sbatch on PATH (not a login node): one clear line, nothing submitted."""
+    env = {k: v for k, v in os.environ.items() if k != "MEGATRON_PC_LAUNCH_VENV"}
+    env["PATH"] = str(Path(sys.executable).parent)  # the venv only: no SLURM client commands
+    cmd = [sys.executable, "-m", "megatron_pc", "launch", "--executor", "slurm", "--job-dir", str(tmp_path), "tiny_cpu"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--executor slurm needs the SLURM client commands, and sbatch and scontrol are not on PATH" in proc.stderr
+    assert "Traceback" not in proc.stderr
