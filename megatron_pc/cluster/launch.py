@@ -91,14 +91,6 @@ def import_nemo_run() -> Any:
     return nemo_run
 
 
-def has_nemo_run() -> bool:
-    try:
-        import nemo_run  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 # SLURM job states after which nothing more happens to the job (REQUEUED and PREEMPTED jobs come back).
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
@@ -195,12 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise MegatronPCError(f"--env takes KEY=VALUE, got {bad[0]!r}")
     env = dict(kv.split("=", 1) for kv in args.env)
-    if not has_nemo_run() and (python := launcher_python()) is not None:
+    try:
+        run = import_nemo_run()
+    except MegatronPCError:
+        if (python := launcher_python()) is None:
+            raise
         argv = sys.argv[1:] if argv is None else argv
         print(f"megatron-pc launch: nemo-run runs from the launcher environment {python.parents[1]}", flush=True)
         env = {**os.environ, TRAIN_PYTHON_ENV: sys.executable}
         return subprocess.run([str(python), "-m", "megatron_pc", "launch", *argv], env=env, check=False).returncode
-    run = import_nemo_run()
     os.makedirs(args.job_dir, exist_ok=True)
     ok, detail = (_slurm if args.executor == "slurm" else _local)(run, args, config, env)
     print(f"megatron-pc launch: job {'COMPLETED' if ok else 'FAILED'} ({detail}); job files in {args.job_dir}", flush=True)

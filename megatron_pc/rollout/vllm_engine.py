@@ -2,7 +2,7 @@
 
 vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the engine core and, at
 ``tensor_parallel: 1``, its single worker live in this Python process, so a weight push hands
-the worker a Python iterator of tensors with no serialisation, and ``LLM.collective_rpc``
+the worker a Python list of tensors with no serialisation, and ``LLM.collective_rpc``
 reaches the worker directly (``LLM.llm_engine.engine_core`` is an ``InprocClient``; its
 executor's driver worker is a ``WorkerWrapperBase`` that forwards attribute look-ups to the
 CPU/GPU ``Worker``). With ``tensor_parallel > 1`` the workers are processes of vLLM's
@@ -37,7 +37,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -219,18 +219,15 @@ class VllmEngine(RolloutEngine):
         """Reload the given HF-named full tensors in place, then drop KV computed with old weights."""
         llm = self._live_llm()
         start = time.perf_counter()
-        if self.config.tensor_parallel > 1:  # worker processes: a picklable list, counted here
-            weights: Any = list(named_tensors)
-            tensors, size = len(weights), sum(t.numel() * t.element_size() for _, t in weights)
-        else:  # the in-process worker consumes the iterator, counting as it goes
-            weights = _CountingIterator(iter(named_tensors))
+        # A list: the in-process worker (TP=1) iterates it, and vLLM's multiprocessing executor
+        # (TP>1) pickles it to every worker; either way it is counted here.
+        weights = list(named_tensors)
         self._call(
             llm.collective_rpc, "reload_weights",
             kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
         )
         self._call(llm.reset_prefix_cache)
-        if isinstance(weights, _CountingIterator):
-            tensors, size = weights.tensors, weights.bytes
+        tensors, size = len(weights), sum(t.numel() * t.element_size() for _, t in weights)
         stats = WeightPushStats(tensors, size, time.perf_counter() - start)
         logger.info("engine %s: pushed %d tensors, %.1f MB in %.2f s", self.name, stats.tensors, stats.bytes / 1e6, stats.seconds)
         return stats
@@ -294,7 +291,7 @@ def _stop_engine_core(llm: Any, *, last_in_process: bool) -> None:
 
 def cpu_binding(cpus: list[int], workers: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for ``workers`` worker processes: ``cpus`` split into
-    contiguous, equal shares ("0-3|4-7"); an error when there are fewer CPUs than workers."""
+    contiguous, equal shares ("0,1|2,3"); an error when there are fewer CPUs than workers."""
     if len(cpus) < workers:
         raise EngineError("vllm", f"tensor_parallel {workers} needs at least {workers} CPUs to bind worker threads to, "
                           f"this process may use {len(cpus)}")
@@ -327,18 +324,3 @@ def _sampled_logprobs(logprobs: Any, tokens: list[int]) -> list[float]:
     if flat is not None and len(flat) == len(tokens) and list(logprobs.token_ids) == tokens:
         return list(flat)  # logprobs=0: exactly one entry, the sampled token, per position
     return [logprobs[i][tok].logprob for i, tok in enumerate(tokens)]
-
-
-class _CountingIterator(Iterator[tuple[str, "torch.Tensor"]]):
-    """Passes (name, tensor) pairs through and counts tensors and bytes on the way."""
-
-    def __init__(self, inner: Iterator[tuple[str, "torch.Tensor"]]) -> None:
-        self._inner = inner
-        self.tensors = 0
-        self.bytes = 0
-
-    def __next__(self) -> tuple[str, "torch.Tensor"]:
-        name, tensor = next(self._inner)
-        self.tensors += 1
-        self.bytes += tensor.numel() * tensor.element_size()
-        return name, tensor
