@@ -132,12 +132,17 @@ class AllocationStrategy(ABC):
     # ---- shared helpers --------------------------------------------------------------
     def _draw(self, k: int) -> list[int]:
         """Draw ``k`` prompts, crossing into the next epoch when this one runs out."""
-        if k > self.pool.drawable:
-            raise RoundLimitError(f"step {self.step}: a round needs {k} distinct prompts but only {self.pool.drawable} are left in the pool")
-        out = self.pool.draw(k)
+        # No prompt twice in one batch, also when the batch's rounds cross an epoch boundary.
+        in_batch = {g.prompt for g in self.batch}
+        if k > self.pool.drawable - len(in_batch):
+            raise RoundLimitError(
+                f"step {self.step}: a round needs {k} distinct prompts but only {self.pool.drawable - len(in_batch)} "
+                f"are left in the pool outside this step's batch"
+            )
+        out = self.pool.draw(k, exclude=in_batch)
         while len(out) < k:
             self._end_epoch()
-            out += self.pool.draw(k - len(out), exclude=set(out))  # no prompt twice in one batch
+            out += self.pool.draw(k - len(out), exclude=in_batch | set(out))
         self.acct.add("prompts_drawn", len(out))
         return out
 

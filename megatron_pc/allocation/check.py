@@ -19,6 +19,7 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
     evicted: set[int] = set()
     generated: dict[int, dict[str, int]] = defaultdict(lambda: {"pilot": 0, "commit": 0, "full": 0})
     trained: dict[int, int] = defaultdict(int)
+    batch_prompts: dict[int, set[int]] = defaultdict(set)  # step -> prompts of its train groups
     for e in events:
         kind, step = e["event"], e.get("step")
         if kind in ("pilot", "full") and e["prompt"] in evicted:
@@ -34,12 +35,18 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
             generated[step]["commit"] += e["n"]
             if kept_pilot.pop(e["prompt"], None) != e["pilot_step"]:
                 problems.append(f"step {step}: commit of prompt {e['prompt']} has no waiting kept pilot from step {e['pilot_step']}")
-            if not 0 <= step - e["pilot_step"] <= cfg.buffer.max_age:
-                problems.append(f"step {step}: prompt {e['prompt']} committed {step - e['pilot_step']} steps after its pilot (max_age {cfg.buffer.max_age})")
+            if not 0 <= step - e["pilot_step"] <= cfg.max_commit_age:
+                problems.append(
+                    f"step {step}: prompt {e['prompt']} committed {step - e['pilot_step']} steps after its pilot "
+                    f"(max_age {cfg.buffer.max_age}, age_rule {cfg.buffer.age_rule})"
+                )
         elif kind == "full":
             generated[step]["full"] += e["n"]
         elif kind == "train_group":
             trained[step] += e["size"]
+            if e["prompt"] in batch_prompts[step]:
+                problems.append(f"step {step}: prompt {e['prompt']} is in the train batch twice")
+            batch_prompts[step].add(e["prompt"])
             problems += _check_group(e, cfg)
         elif kind == "step_end":
             if e["generated"] != generated[step]:

@@ -42,7 +42,12 @@ class BufferConfig:
     """The replay buffer of pilot survivors that wait for their commit."""
 
     max_age: int = 4
-    """A survivor is committed at most this many steps after its pilot; older ones are dropped."""
+    """A survivor is committed at most this many steps after its pilot (``age_rule: strict``);
+    older ones are dropped."""
+    age_rule: Literal["strict", "reference"] = "strict"
+    """``strict``: a pilot is committed at most ``max_age`` steps after it. ``reference``: the
+    reference recipe's rule, which drops entries with step - pilot_step > max_age after the
+    batch is full, so a pilot can still be committed at the next step, max_age + 1 steps after it."""
     capacity: int | None = None
     """At most this many waiting survivors (the oldest are dropped first). None: no limit."""
     sampling: Literal["max_variance", "random"] = "max_variance"
@@ -125,6 +130,11 @@ class AllocationConfig:
             )
         if self.buffer.capacity is not None and self.buffer.capacity < self.train_batch // (self.max_rounds - 1):
             raise ConfigError("buffer.capacity", f"{self.buffer.capacity} is too small to fill train_batch within max_rounds")
+
+    @property
+    def max_commit_age(self) -> int:
+        """The most steps between a pilot and its commit under the buffer's age rule."""
+        return self.buffer.max_age + (1 if self.buffer.age_rule == "reference" else 0)
 
     @property
     def pilot_kept(self) -> int:

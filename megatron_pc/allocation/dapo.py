@@ -8,6 +8,7 @@ from typing import Sequence
 
 from megatron_pc.allocation.base import AllocationStrategy, full_requests
 from megatron_pc.allocation.types import Request, Rollout, RoundPlan, TrainGroup
+from megatron_pc.errors import RoundLimitError
 
 
 class DAPO(AllocationStrategy):
@@ -16,7 +17,14 @@ class DAPO(AllocationStrategy):
     name = "dapo"
 
     def _plan_requests(self) -> list[Request]:
-        return full_requests(self._draw(self.cfg.rollouts_per_dapo_round), self.cfg.n)
+        # A small pool may not hold a full round outside the groups already kept this step:
+        # draw fewer, still split evenly over the generation engines.
+        k = min(self.cfg.rollouts_per_dapo_round, self.pool.drawable - len(self.batch))
+        while k > 0 and (k * self.cfg.n) % self.ranks:
+            k -= 1
+        if k <= 0:
+            raise RoundLimitError(f"step {self.step}: no prompt of the pool is left outside this step's batch ({len(self.batch)} groups)")
+        return full_requests(self._draw(k), self.cfg.n)
 
     def _observe(self, plan: RoundPlan, results: Sequence[Sequence[Rollout]]) -> None:
         for req, rollouts in zip(plan.requests, results):

@@ -30,10 +30,14 @@ class PilotCommit(AllocationStrategy):
 
     # ---- planning ----------------------------------------------------------------------
     def _plan_requests(self) -> list[Request]:
-        for _ in range(2):
-            if self.pool.remaining == 0:
+        # A step that crosses an epoch boundary must not pilot (and so commit) a prompt that is
+        # already in its batch: the new epoch draws every prompt again.
+        in_batch = {g.prompt for g in self.batch}
+        for attempt in range(2):
+            # The second attempt: this epoch has nothing left to pilot but prompts of the batch.
+            if self.pool.remaining == 0 or attempt == 1:
                 self._end_epoch()
-            pilots = self.pool.draw(self.cfg.pilot.batch)
+            pilots = self.pool.draw(self.cfg.pilot.batch, exclude=in_batch)
             wanted = min(self.cfg.train_batch - len(self.batch), len(self.buffer))
             n_pilots, n_commits = fit_round_to_ranks(len(pilots), self.cfg.pilot.n, wanted, self.cfg.commit_rollouts, self.ranks)
             # Pilots are trimmed only for the short last draw of an epoch (full pilot batches
@@ -100,7 +104,9 @@ class PilotCommit(AllocationStrategy):
 
     # ---- housekeeping ------------------------------------------------------------------
     def _end_step(self) -> int:
-        dropped = self.buffer.drop_older_than(self.step + 1)
+        # strict: nothing waiting may be older than max_age at the next step's commits; the
+        # reference drops by this step's age, so one more step of age passes.
+        dropped = self.buffer.drop_older_than(self.step + 1 if self.cfg.buffer.age_rule == "strict" else self.step)
         self.acct.add("buffer_age_evictions", dropped)
         return dropped
 

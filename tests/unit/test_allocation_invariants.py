@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from megatron_pc.allocation import build_strategy
+from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.config import AllocationConfig, BufferConfig, PilotConfig
 from megatron_pc.allocation.trace import ListTrace
 from megatron_pc.errors import RoundLimitError
@@ -34,7 +35,11 @@ def pilot_commit_setups(draw: st.DrawFn) -> tuple[AllocationConfig, int, int, in
         p_lower=p_lower,
         p_upper=p_upper,
         p_evict=draw(st.sampled_from([0.75, 1.0])),
-        buffer=BufferConfig(max_age=draw(st.integers(0, 4)), sampling=draw(st.sampled_from(["max_variance", "random"]))),
+        buffer=BufferConfig(
+            max_age=draw(st.integers(0, 4)),
+            sampling=draw(st.sampled_from(["max_variance", "random"])),
+            age_rule=draw(st.sampled_from(["strict", "reference"])),
+        ),
         max_rounds=10,
         on_round_limit="train_partial",
     )
@@ -114,9 +119,9 @@ def test_no_committed_pilot_is_older_than_the_age_limit(setup) -> None:
     _, results, events = _run(cfg, pool, seed, steps)
     for e in events:
         if e["event"] == "commit":
-            assert 0 <= e["step"] - e["pilot_step"] <= cfg.buffer.max_age
+            assert 0 <= e["step"] - e["pilot_step"] <= cfg.max_commit_age
     for r in results:
-        assert r.metrics["offpolicy_age_max"] <= cfg.buffer.max_age
+        assert r.metrics["offpolicy_age_max"] <= cfg.max_commit_age
 
 
 @SETTINGS
@@ -195,6 +200,40 @@ def test_save_and_restore_mid_run_gives_identical_future_traces(setup, more_step
     run_steps(b, policy, more_steps)
     assert trace_b.events == trace_a.events[mark:]
     assert json.dumps(a.state_dict()) == json.dumps(b.state_dict())
+
+
+@st.composite
+def small_pool_setups(draw: st.DrawFn) -> tuple[AllocationConfig, int, int, int]:
+    """Any strategy on a pool of only 1-3 train batches, run for many epochs: every step is
+    likely to cross an epoch boundary somewhere."""
+    cfg, _, seed, _ = draw(pilot_commit_setups())
+    cfg.strategy = draw(st.sampled_from(["pilot_commit", "grpo", "dapo"]))
+    cfg.max_rounds = 30
+    pool = draw(st.integers(cfg.train_batch, 3 * cfg.train_batch + 2))
+    if cfg.strategy == "pilot_commit":
+        pool = max(pool, cfg.pilot.batch)
+    return cfg, pool, seed, draw(st.integers(10, 40))
+
+
+@SETTINGS
+@given(small_pool_setups())
+def test_no_train_batch_holds_a_prompt_twice_across_epoch_boundaries(setup) -> None:
+    cfg, pool, seed, steps = setup
+    trace = ListTrace()
+    strategy = build_strategy(cfg, pool, seed, trace=trace)
+    policy = BernoulliPolicy(spread_rates(pool, seed), seed)
+    results = []
+    for _ in range(steps):
+        try:
+            results += run_steps(strategy, policy, 1)
+        except RoundLimitError as err:  # a tiny pool can be evicted whole: then the run ends
+            assert "evicted" in str(err) or "left in the pool" in str(err)
+            break
+    events = trace.events
+    for r in results:
+        prompts = [g.prompt for g in r.groups]
+        assert len(prompts) == len(set(prompts)), f"step {r.step} trains {sorted(p for p in prompts if prompts.count(p) > 1)} twice"
+    assert not [p for p in check_trace(events, cfg) if "twice" in p]
 
 
 def test_round_limit_error_says_the_data_are_too_hard_for_the_band() -> None:

@@ -55,3 +55,27 @@ def test_redrawing_an_evicted_prompt_is_reported() -> None:
     evict = next(e for e in events if e["event"] == "pilot" and e["evict"])
     broken = events + [dict(evict, evict=False, step=evict["step"] + 1)]
     assert any("drawn again" in p for p in check_trace(broken, cfg))
+
+
+@pytest.mark.parametrize("strategy", ["pilot_commit", "grpo", "dapo"])
+def test_a_prompt_twice_in_one_train_batch_is_reported(strategy: str) -> None:
+    cfg, events = _trace(strategy)
+    group = next(e for e in events if e["event"] == "train_group")
+    at = events.index(group)
+    broken = events[: at + 1] + [dict(group)] + events[at + 1 :]
+    problems = check_trace(broken, cfg)
+    assert any(f"prompt {group['prompt']} is in the train batch twice" in p for p in problems)
+
+
+def test_the_reference_age_rule_allows_one_more_step_of_age_and_no_more() -> None:
+    strict, events = _trace("pilot_commit")
+    reference = copy.deepcopy(strict)
+    reference.buffer.age_rule = "reference"
+    commit = next(e for e in copy.deepcopy(events) if e["event"] == "commit")
+    one_more = dict(commit, step=commit["pilot_step"] + strict.buffer.max_age + 1)
+    # Only the commit's age matters here: check it alone, after its kept pilot.
+    pilot = next(e for e in events if e["event"] == "pilot" and e["prompt"] == commit["prompt"] and e["decision"] == "keep")
+    assert any("steps after its pilot" in p for p in check_trace([pilot, one_more], strict))
+    assert check_trace([pilot, one_more], reference) == []
+    two_more = dict(one_more, step=one_more["step"] + 1)
+    assert any("age_rule reference" in p for p in check_trace([pilot, two_more], reference))
