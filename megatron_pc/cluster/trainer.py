@@ -24,6 +24,7 @@ from megatron_pc.allocation.trace import TraceWriter
 from megatron_pc.cluster import groups as G
 from megatron_pc.cluster.evaluation import Evaluator, decode_and_score
 from megatron_pc.cluster.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
+from megatron_pc.cluster.update import response_metrics, update_policy
 from megatron_pc.config import Config, to_dict
 from megatron_pc.errors import MegatronPCError
 from megatron_pc.metrics.logger import open_metrics
@@ -128,7 +129,7 @@ class Trainer:
     def _step(self, step: int, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any, rewards: RewardPool, evaluator: Evaluator) -> dict[str, float]:
         timer = Timer()
         with timer("total"):
-            tokens = self._generate(engines, rewards, timer)
+            tokens, responses = self._generate(engines, rewards, timer)
             result = self.strategy.finish_step()
             train = self._update(result, policy, reference, engines, timer)
             gap = self._check_sync(result, policy, engines, timer)
@@ -136,15 +137,17 @@ class Trainer:
         self.tokens_total += tokens
         gen_s = timer.seconds.get("generate", 0.0)
         return {
-            **result.metrics, **train, **val, "logprob_gap": gap,
+            **result.metrics, **train, **responses, **val, "logprob_gap": gap,
             **{f"time_{k}": v for k, v in timer.seconds.items()},
             "generated_tokens": tokens, "cum_generated_tokens": self.tokens_total,
             "gen_tokens_per_s": tokens / gen_s if gen_s else 0.0,
         }
 
-    def _generate(self, engines: Any, rewards: RewardPool, timer: Timer) -> int:
-        """Rounds until the train batch is full; returns generated tokens."""
+    def _generate(self, engines: Any, rewards: RewardPool, timer: Timer) -> tuple[int, dict[str, float]]:
+        """Rounds until the train batch is full; generated tokens and response-length metrics."""
         tokens = 0
+        lengths: list[int] = []
+        finishes: list[str] = []
         while not self.strategy.batch_ready():
             plan = self.strategy.plan_round()
             sampling = SamplingSettings.from_config(self.cfg.rollout, seed=derive_seed(self.cfg.seed, "round", plan.step, plan.round))
@@ -155,32 +158,21 @@ class Trainer:
                 scored = decode_and_score(self.data.tokenizer, out, answers, rewards)
             self.strategy.observe(plan, to_rollouts(out, scored))
             tokens += out.generated_tokens
-        return tokens
+            for sample in (s for per_request in out.samples for s in per_request):
+                lengths.append(len(sample.token_ids))
+                finishes.append(sample.finish_reason)
+        return tokens, response_metrics(lengths, finishes)
 
     def _update(self, result: StepResult, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any, timer: Timer) -> dict[str, float]:
-        """Old/reference log-probs, then one optimizer step per mini-batch of groups, then sync."""
-        cfg = self.cfg
+        """The policy update (old log-probs once, then one optimizer update per mini-batch), then sync."""
         if not result.groups:
             logger.warning("step %d: empty train batch (train_partial): no update", result.step)
             return {}
         engines.sleep()  # colocated engines free the device while the policy trains
-        updates: list[dict[str, float]] = []
-        size = cfg.training.mini_batch
-        for start in range(0, len(result.groups), size):
-            seqs = groups_to_sequences(result.groups[start : start + size], self.data.train_tokens, cfg.training.std_normalize)
-            with timer("logprob"):
-                for s, lp in zip(seqs, policy.call("logprobs", seqs)):
-                    s.old_logprobs = lp
-            if reference is not None:
-                with timer("reference"):
-                    for s, lp in zip(seqs, reference.call("logprobs", seqs)):
-                        s.ref_logprobs = lp
-            with timer("update"):
-                updates.append(policy.call("train_step", seqs))
-        out = combine_updates(updates)
+        out = update_policy(result.groups, self.data.train_tokens, self.cfg, policy, reference, timer)
         engines.wake()
         with timer("sync"):
-            out.update(G.sync_weights(policy, engines, cfg.rollout.sync_bucket_mb, self.transport))
+            out.update(G.sync_weights(policy, engines, self.cfg.rollout.sync_bucket_mb, self.transport))
         return out
 
     def _check_sync(self, result: StepResult, policy: G.MegatronGroup, engines: Any, timer: Timer) -> float:
@@ -227,16 +219,3 @@ def install_signal_handlers(trainer: Trainer) -> None:
     """SIGTERM / SIGUSR1 (SLURM preemption) ask the trainer to checkpoint and stop."""
     for sig in PREEMPTION_SIGNALS:
         signal.signal(sig, trainer.on_signal)
-
-
-def combine_updates(updates: list[dict[str, float]]) -> dict[str, float]:
-    """One step's metrics from its optimizer updates (one per mini-batch): the mean loss and
-    grad norm, the last learning rate, ``update_ok`` 1 only if every update was applied, and
-    ``updates``, their number."""
-    if not updates:
-        return {}
-    out = {key: sum(u[key] for u in updates) / len(updates) for key in ("loss", "grad_norm")}
-    out["update_ok"] = float(all(u["update_ok"] for u in updates))
-    out["lr"] = updates[-1]["lr"]
-    out["updates"] = float(len(updates))
-    return out

@@ -53,9 +53,9 @@ class MegatronRank:
         out = self.worker.compute_logprobs(seqs)
         return [lp.tolist() for lp, _ in out] if self.rank == 0 else None
 
-    def train_step(self, seqs: list[Any]) -> dict[str, float]:
-        """One optimizer step on the global batch."""
-        return self.worker.train_step(seqs)
+    def train_step(self, seqs: list[Any], loss_scale: float = 1.0, last_update: bool = True) -> dict[str, float]:
+        """One optimizer update on the global batch (see PolicyWorker.train_step)."""
+        return self.worker.train_step(seqs, loss_scale, last_update)
 
     def save(self, path: str) -> None:
         """Write this rank's part of a Megatron distributed checkpoint (collective)."""

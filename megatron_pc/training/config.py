@@ -28,7 +28,15 @@ class TrainingConfig:
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
     mini_batch: int = 32
-    """Prompts per optimizer step within a train batch (train_batch / mini_batch updates per step)."""
+    """Size of one optimizer update within a step, in ``mini_batch_unit`` (default: prompts, so
+    train_batch / mini_batch updates per step)."""
+    mini_batch_unit: Literal["groups", "call_rollouts"] = "groups"
+    """What ``mini_batch`` counts. ``groups``: training groups (prompts), so every update holds
+    whole groups. ``call_rollouts``: the reference recipe's rule (verl multiplies the mini-batch
+    by the rollouts per prompt of a generation call): mini_batch x commit_n rollouts for
+    Pilot-Commit, mini_batch x n for GRPO and DAPO. With train_batch 128, n 128 = 32 + 96 and
+    mini_batch 32 a PC step then takes 6 updates (5 full, the last a third, its loss scaled by
+    that share) and a GRPO step 4."""
     micro_batch_tokens: int = 4096
     """Token budget of one packed micro-batch."""
     clip_low: float = 0.2

@@ -62,7 +62,7 @@ def _policy_loss(mb: MicroBatch, ctx: dict[str, Any], logits: torch.Tensor) -> t
     # Megatron divides each micro-batch loss by the number of micro-batches and DDP averages
     # gradients over DP; the loss is already normalised by the *global* denominator, so undo both.
     scaled = loss * ctx["num_microbatches"] * ctx["dp_size"]
-    report = {"loss": loss.detach().cpu(), **{k: float(v) for k, v in metrics.items()}}
+    report = {"loss": loss.detach().cpu(), "tokens": float(mask.sum()), **{k: float(v) for k, v in metrics.items()}}
     return scaled, report
 
 

@@ -123,20 +123,48 @@ class PolicyWorker(ReferenceWorker):
             return float(sum(s.response_len for s in seqs))
         return float(len(seqs))
 
-    def train_step(self, seqs: list[Sequence]) -> dict[str, float]:
-        """One optimizer step on the global batch ``seqs``; returns global metrics."""
+    def train_step(self, seqs: list[Sequence], loss_scale: float = 1.0, last_update: bool = True) -> dict[str, float]:
+        """One optimizer update on the global batch ``seqs``; returns global metrics.
+
+        A training step may take several updates (mini-batches) over old log-probs computed once
+        before the first: the LR schedule and ``self.step`` advance only with ``last_update``, so
+        the schedule counts training steps whatever the number of mini-batches. ``loss_scale``
+        weighs this update's loss (the reference scales a short last mini-batch by its share).
+        """
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         mbs = micro_batches([seqs[i] for i in self._local(seqs)], self.train_cfg.micro_batch_tokens)
         step_fn = steps.train_step_fn(self.train_cfg, self.loss_fn, self.arch.vocab_size,
-                                      self._denominator(seqs), len(mbs), self.dp_size)
+                                      self._denominator(seqs) / loss_scale, len(mbs), self.dp_size)
         outputs = self._schedule(step_fn, mbs, forward_only=False)
+        lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this update used
         ok, grad_norm, _ = self.optimizer.step()
-        self.scheduler.step(increment=1)
-        self.step += 1
+        if last_update:
+            self.scheduler.step(increment=1)
+            self.step += 1
         loss = float(sum(o["loss"] for o in outputs)) if outputs else 0.0
-        return {"loss": sum(_share_all(loss)), "grad_norm": float(grad_norm or 0.0), "update_ok": float(bool(ok)),
-                "lr": float(self.optimizer.param_groups[0]["lr"])}
+        return {"loss": sum(_share_all(loss)) / loss_scale, "grad_norm": float(grad_norm or 0.0), "update_ok": float(bool(ok)),
+                "lr": lr, **_token_means(outputs)}
+
+
+# Per-token loss metrics (megatron_pc.algo.losses) reported as means over the update's tokens.
+TOKEN_METRICS = ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean", "approx_kl", "entropy", "kl_loss", "tis_mean")
+
+
+def _token_means(outputs: list[dict[str, Any]]) -> dict[str, float]:
+    """Token-weighted means of the loss metrics over every micro-batch of every DP rank."""
+    from megatron.core import parallel_state as ps
+
+    local = {"tokens": 0.0}
+    for out in outputs:
+        local["tokens"] += out["tokens"]
+        for key in TOKEN_METRICS:
+            if key in out:
+                local[key] = local.get(key, 0.0) + out[key] * out["tokens"]
+    parts = _share({ps.get_data_parallel_rank(): local}, ps.get_data_parallel_world_size())
+    tokens = sum(p["tokens"] for p in parts)
+    keys = [k for k in TOKEN_METRICS if any(k in p for p in parts)]
+    return {k: sum(p.get(k, 0.0) for p in parts) / tokens if tokens else 0.0 for k in keys}
 
 
 def _share_all(value: float) -> list[float]:

@@ -135,3 +135,25 @@ def job_train(path: Path, tp: int, pp: int, seqs: list[Sequence], n_steps: int, 
         if save_at is not None and worker.step == save_at:
             save_checkpoint(worker, ckpt)
     return {"losses": losses, "before": before, "after": worker.compute_logprobs(seqs), "step": worker.step}
+
+
+def job_schedule(path: Path, updates_per_step: int, n_steps: int, seqs: list[Sequence], **overrides: Any) -> dict[str, Any]:
+    """``n_steps`` training steps of ``updates_per_step`` updates each (old log-probs once per
+    step, the schedule advanced by the last update); the lr every update used, the lr the next
+    step will use, and every update's metrics."""
+    from megatron_pc.training.worker import PolicyWorker
+
+    _init(1, 1)
+    worker = PolicyWorker(model_cfg(path), train_cfg(**overrides))
+    worker.load_hf()
+    used, metrics = [], []
+    size = -(-len(seqs) // updates_per_step)
+    for _ in range(n_steps):
+        for seq, (lp, _) in zip(seqs, worker.compute_logprobs(seqs)):
+            seq.old_logprobs = lp.tolist()
+        chunks = [seqs[i : i + size] for i in range(0, len(seqs), size)]
+        for i, chunk in enumerate(chunks):
+            out = worker.train_step(chunk, last_update=i == len(chunks) - 1)
+            used.append(out["lr"])
+            metrics.append(out)
+    return {"lr_used": used, "lr_next": float(worker.optimizer.param_groups[0]["lr"]), "step": worker.step, "metrics": metrics}

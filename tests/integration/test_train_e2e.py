@@ -56,6 +56,10 @@ def _ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
+PPO_METRICS = {"clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean", "approx_kl", "entropy",
+               "response_length_mean", "response_length_max", "truncated_share"}  # fmt: skip
+
+
 @pytest.mark.parametrize("strategy", ["pilot_commit", "grpo", "dapo"])
 def test_a_few_steps_of_each_strategy_run_through_the_whole_stack(strategy: str, tiny_model: Path, tmp_path: Path) -> None:
     run = tmp_path / strategy
@@ -69,9 +73,22 @@ def test_a_few_steps_of_each_strategy_run_through_the_whole_stack(strategy: str,
         assert r["trained_rollouts"] > 0 and r["loss"] is not None
         assert r["logprob_gap"] is not None and r["logprob_gap"] <= 0.05
         assert r["gen_tokens_per_s"] > 0 and r["time_update"] > 0 and r["time_sync"] > 0
+        assert PPO_METRICS <= set(r), f"step {r['step']} lacks {sorted(PPO_METRICS - set(r))}"
+        assert 0 < r["response_length_mean"] <= r["response_length_max"] and 0 <= r["truncated_share"] <= 1
     cfg = load_config(None, [f"allocation.strategy={strategy}", *FAST]).allocation
     assert check_trace(read_trace(run / "trace.jsonl"), cfg) == []
     assert (run / "checkpoints" / "step_00000003" / "MANIFEST.json").is_file()
+
+
+def test_four_mini_batches_share_one_set_of_old_logprobs_so_the_step_moves_away_from_them(tiny_model: Path, tmp_path: Path) -> None:
+    run = tmp_path / "minibatches"
+    # train_batch 8 in mini-batches of 2 prompts: 4 optimizer updates per step.
+    _ok(_train(run, tiny_model, "training.mini_batch=2", "training.steps=2", "training.lr=2e-4", "allocation.on_round_limit=train_partial"))
+    for r in read_metrics(run / "metrics.jsonl")[1:]:
+        if r["trained_groups"] == 8:
+            assert r["updates"] == 4
+        # Ratio 1 at the first update only: the mean over the step's updates shows the later ones moved.
+        assert r["approx_kl"] > 0 and r["ratio_mean"] != 1.0
 
 
 def test_sigterm_then_restart_continues_exactly_like_an_uninterrupted_run(tiny_model: Path, tmp_path: Path) -> None:

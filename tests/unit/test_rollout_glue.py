@@ -46,15 +46,3 @@ def test_empty_responses_count_in_the_baseline_but_are_not_trained() -> None:
     seqs = groups_to_sequences(groups, [[1]], std_normalize=False)
     assert len(seqs) == 2
     assert seqs[0].advantage == pytest.approx(2 / 3) and seqs[1].advantage == pytest.approx(-1 / 3)
-
-
-def test_a_step_of_several_mini_batches_reports_the_mean_of_its_updates() -> None:
-    from megatron_pc.cluster.trainer import combine_updates
-
-    updates = [
-        {"loss": 0.5, "grad_norm": 2.0, "update_ok": 1.0, "lr": 1e-5},
-        {"loss": -0.1, "grad_norm": 4.0, "update_ok": 0.0, "lr": 2e-5},
-    ]
-    assert combine_updates(updates) == {"loss": pytest.approx(0.2), "grad_norm": 3.0, "update_ok": 0.0, "lr": 2e-5, "updates": 2.0}
-    assert combine_updates(updates[:1]) == {**updates[0], "updates": 1.0}
-    assert combine_updates([]) == {}
