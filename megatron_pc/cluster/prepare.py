@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from megatron_pc.config import Config, to_dict
-from megatron_pc.data.loading import load_prompts
+from megatron_pc.data.loading import load_prompt_sets
 from megatron_pc.data.records import PromptRecord
 from megatron_pc.data.tokenize import encode_prompt
 from megatron_pc.errors import ConfigError
@@ -27,8 +27,21 @@ TINY_MODEL_SEED = 0
 
 
 @dataclass
+class ValidationData:
+    """One validation set: its name (as in the metrics), records and prompt token ids."""
+
+    name: str
+    records: list[PromptRecord]
+    tokens: list[list[int]]
+
+
+@dataclass
 class RunData:
-    """Prompts (records and token ids) and the tokenizer of the run's model."""
+    """Prompts (records and token ids) and the tokenizer of the run's model.
+
+    ``val`` / ``val_tokens`` are all validation sets concatenated in config order (the one set
+    when ``data.validation`` is None or a file); ``val_sets`` holds them set by set.
+    """
 
     model_path: Path
     tokenizer: Any
@@ -36,6 +49,7 @@ class RunData:
     val: list[PromptRecord]
     train_tokens: list[list[int]]
     val_tokens: list[list[int]]
+    val_sets: list[ValidationData] = field(default_factory=list)
 
 
 def ensure_model(cfg: Config) -> Path:
@@ -60,18 +74,21 @@ def prepare(cfg: Config) -> RunData:
 
     model_path = ensure_model(cfg)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-    train, val = load_prompts(cfg.data, cfg.seed)
+    train, sets = load_prompt_sets(cfg.data, cfg.seed)
 
     def encode(records: list[PromptRecord]) -> list[list[int]]:
         return [encode_prompt(r, tokenizer, cfg.data.max_prompt_tokens, cfg.data.chat_template) for r in records]
 
-    train_tokens, val_tokens = encode(train), encode(val)
+    train_tokens = encode(train)
+    val_sets = [ValidationData(name, records, encode(records)) for name, records in sets.items()]
+    val = [r for s in val_sets for r in s.records]
+    val_tokens = [t for s in val_sets for t in s.tokens]
     longest = max(len(t) for t in train_tokens + val_tokens)
     limit = cfg.rollout.max_model_len or _model_positions(model_path)
     if longest + cfg.rollout.max_tokens > limit:
-        field = "rollout.max_model_len" if cfg.rollout.max_model_len else "rollout.max_tokens"
-        raise ConfigError(field, f"the longest prompt ({longest} tokens) + rollout.max_tokens ({cfg.rollout.max_tokens}) exceeds the engine length {limit}")
-    return RunData(model_path, tokenizer, train, val, train_tokens, val_tokens)
+        which = "rollout.max_model_len" if cfg.rollout.max_model_len else "rollout.max_tokens"
+        raise ConfigError(which, f"the longest prompt ({longest} tokens) + rollout.max_tokens ({cfg.rollout.max_tokens}) exceeds the engine length {limit}")
+    return RunData(model_path, tokenizer, train, val, train_tokens, val_tokens, val_sets)
 
 
 def _model_positions(model_path: Path) -> int:

@@ -2,13 +2,52 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from megatron_pc.data.builtin import BUILTIN_SOURCES
 from megatron_pc.errors import ConfigError
 
 BUILTIN_PREFIX = "builtin:"
 _FILE_SUFFIXES = (".jsonl", ".parquet")
+# Set names become metric keys (``val/<name>/accuracy``) and must stay one path component.
+_SET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@dataclass
+class ValidationSet:
+    """One validation set of a list in ``data.validation``; unset sampling fields take the run's."""
+
+    path: str
+    """A .jsonl / .parquet file in our schema."""
+    name: str | None = None
+    """Name in the metrics (``val/<name>/accuracy``); letters, digits, ``_``, ``-``, ``.``.
+    Default: the file name without its suffix."""
+    n: int | None = None
+    """Sampled responses per prompt; None: ``training.val_samples``."""
+    temperature: float | None = None
+    """Sampling temperature; None: ``rollout.temperature``."""
+    top_p: float | None = None
+    """Nucleus sampling threshold in (0, 1]; None: ``rollout.top_p``."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise ConfigError("path", f"must be a .jsonl or .parquet file, got {self.path!r}")
+        _check_file("path", self.path)
+        if self.name is None:
+            self.name = Path(self.path).stem
+            if not _SET_NAME.fullmatch(self.name):
+                raise ConfigError("name", f"the file stem {self.name!r} is not a valid set name (letters, digits, _, -, .); set name explicitly")
+        elif not _SET_NAME.fullmatch(self.name):
+            raise ConfigError("name", f"must be made of letters, digits, '_', '-', '.', got {self.name!r}")
+        if self.n is not None and self.n < 1:
+            raise ConfigError("n", f"must be >= 1, got {self.n}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ConfigError("temperature", f"must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ConfigError("top_p", f"must lie in (0, 1], got {self.top_p}")
 
 
 @dataclass
@@ -18,8 +57,10 @@ class DataConfig:
     source: str = "builtin:arithmetic"
     """``builtin:<name>`` for a generated set (``arithmetic``, ``gsm_symbolic``), or a path to a
     .jsonl / .parquet file in our schema (id, prompt, answer[, source, difficulty])."""
-    validation: str | None = None
-    """Validation prompts: a file, or None to split them off ``source`` by seed."""
+    validation: str | list[Any] | None = None
+    """Validation prompts: None to split them off ``source`` by seed; a file; or a list of sets,
+    each a file path or a :class:`ValidationSet` mapping (path, name, n, temperature, top_p).
+    A list is turned into ``list[ValidationSet]`` here; see docs/data.md."""
     train_size: int = 2048
     """Prompts generated for a builtin training set (ignored for files)."""
     validation_size: int = 512
@@ -38,15 +79,53 @@ class DataConfig:
                 known = ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_SOURCES))
                 raise ConfigError("source", f"unknown builtin set {name!r}; known: {known}")
         else:
-            _check_file("source", self.source)
-        if self.validation is not None:
+            _check_file("source", self.source, or_builtin=True)
+        if isinstance(self.validation, list):
+            self.validation = _validation_sets(self.validation)
+        elif self.validation is not None:
             _check_file("validation", self.validation)
         for name in ("train_size", "validation_size", "max_prompt_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
 
 
-def _check_file(field: str, path: str) -> None:
+def _validation_sets(items: list[Any]) -> list[ValidationSet]:
+    """Parse the list form of ``validation``: items are paths, mappings or ValidationSets.
+
+    The items are parsed here rather than by the config loader's type union, which folds the
+    errors of every union member into one message under ``validation``; here an error names
+    the item's field (``validation[1].n``).
+    """
+    from megatron_pc.config import from_dict  # the loader imports this module
+
+    if not items:
+        raise ConfigError("validation", "must list at least one set (or be null to split one off the source)")
+    sets: list[ValidationSet] = []
+    for i, item in enumerate(items):
+        where = f"validation[{i}]"
+        if isinstance(item, ValidationSet):
+            sets.append(item)
+        elif isinstance(item, str):
+            try:
+                sets.append(ValidationSet(path=item))
+            except ConfigError as err:
+                raise err.within(where) from None
+        elif isinstance(item, dict):
+            if "path" not in item:
+                raise ConfigError(f"{where}.path", "is required: the .jsonl or .parquet file of the set")
+            sets.append(from_dict(ValidationSet, item, where))
+        else:
+            raise ConfigError(where, f"must be a file path or a mapping with path, name, n, temperature, top_p; got {type(item).__name__} {item!r}")
+    seen: dict[str, int] = {}
+    for i, s in enumerate(sets):
+        if s.name in seen:
+            raise ConfigError(f"validation[{i}].name", f"{s.name!r} is already the name of validation[{seen[s.name]}]; names must be unique")
+        seen[str(s.name)] = i
+    return sets
+
+
+def _check_file(field: str, path: str, or_builtin: bool = False) -> None:
     """Only the type is checked here: configs are validated on machines that lack the data."""
     if not path.lower().endswith(_FILE_SUFFIXES):
-        raise ConfigError(field, f"must be a .jsonl or .parquet file (or builtin:<name>), got {path!r}")
+        alternative = " (or builtin:<name>)" if or_builtin else ""
+        raise ConfigError(field, f"must be a .jsonl or .parquet file{alternative}, got {path!r}")

@@ -4,37 +4,63 @@ from __future__ import annotations
 
 import logging
 import random
+from pathlib import Path
 
 from megatron_pc.data.builtin import BUILTIN_SOURCES
 from megatron_pc.data.config import BUILTIN_PREFIX, DataConfig
 from megatron_pc.data.records import PromptRecord, read_prompts
 from megatron_pc.errors import DataError
 
-__all__ = ["load_prompts", "split_prompts"]
+__all__ = ["DEFAULT_VALIDATION_NAME", "load_prompt_sets", "load_prompts", "split_prompts"]
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_VALIDATION_NAME = "validation"
+"""Name of the one validation set when ``data.validation`` is None (split off the source)."""
+
 
 def load_prompts(cfg: DataConfig, seed: int) -> tuple[list[PromptRecord], list[PromptRecord]]:
-    """(train, validation) records. No id and no prompt text appears in both.
+    """(train, validation) records; with several validation sets, validation is their
+    concatenation in config order. No id and no prompt text appears in train and validation.
+
+    See :func:`load_prompt_sets` for how the sets are made.
+    """
+    train, sets = load_prompt_sets(cfg, seed)
+    return train, [r for records in sets.values() for r in records]
+
+
+def load_prompt_sets(cfg: DataConfig, seed: int) -> tuple[list[PromptRecord], dict[str, list[PromptRecord]]]:
+    """Train records and the validation sets by name, in config order.
 
     Builtin source: ``train_size + validation_size`` distinct prompts drawn with ``seed`` and
     split by ``seed``. File source: all its rows are the pool, ``validation_size`` of them split
-    off by ``seed``. With ``cfg.validation`` (a file), that file is the validation set and train
-    records that repeat one of its ids or prompts are dropped (logged).
+    off by ``seed``. Either way the split-off set is named :data:`DEFAULT_VALIDATION_NAME`.
+    With ``cfg.validation`` (a file, or a list of sets) every file is read, the sets are named
+    by the file stem (or their ``name``), and train records that repeat an id or a prompt of
+    ANY set are dropped (logged).
     """
-    explicit_validation = read_prompts(cfg.validation) if cfg.validation is not None else None
+    explicit = _read_validation(cfg)
     if cfg.source.startswith(BUILTIN_PREFIX):
         generate = BUILTIN_SOURCES[cfg.source[len(BUILTIN_PREFIX):]]
-        extra = 0 if explicit_validation is not None else cfg.validation_size
+        extra = 0 if explicit is not None else cfg.validation_size
         pool = generate(cfg.train_size + extra, seed)
         if len(pool) < cfg.train_size + extra:
             raise DataError(f"{cfg.source}: generated only {len(pool)} distinct prompts, need {cfg.train_size + extra}")
     else:
         pool = read_prompts(cfg.source)
-    if explicit_validation is not None:
-        return _without(pool, explicit_validation, cfg.source), explicit_validation
-    return split_prompts(pool, cfg.validation_size, seed)
+    if explicit is not None:
+        return _without(pool, [r for records in explicit.values() for r in records], cfg.source), explicit
+    train, validation = split_prompts(pool, cfg.validation_size, seed)
+    return train, {DEFAULT_VALIDATION_NAME: validation}
+
+
+def _read_validation(cfg: DataConfig) -> dict[str, list[PromptRecord]] | None:
+    """The validation files of ``cfg`` by set name, or None when validation is split off."""
+    if cfg.validation is None:
+        return None
+    if isinstance(cfg.validation, str):
+        return {Path(cfg.validation).stem: read_prompts(cfg.validation)}
+    return {str(s.name): read_prompts(s.path) for s in cfg.validation}
 
 
 def split_prompts(pool: list[PromptRecord], validation_size: int, seed: int) -> tuple[list[PromptRecord], list[PromptRecord]]:
