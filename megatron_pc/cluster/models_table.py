@@ -67,6 +67,8 @@ KNOWN_MODELS: dict[str, ModelShape] = {
         ModelShape("Qwen3-14B", layers=40, hidden=5120, heads=40, kv_heads=8, intermediate=17408, vocab=151936, head_dim=128, tied_embeddings=False),
         ModelShape("Qwen3-8B", layers=36, hidden=4096, heads=32, kv_heads=8, intermediate=12288, vocab=151936, head_dim=128, tied_embeddings=False),
         ModelShape("Qwen3-4B", layers=36, hidden=2560, heads=32, kv_heads=8, intermediate=9728, vocab=151936, head_dim=128, tied_embeddings=True),
+        # The base checkpoint the released 4B run trains: the same architecture as Qwen3-4B.
+        ModelShape("Qwen3-4B-Base", layers=36, hidden=2560, heads=32, kv_heads=8, intermediate=9728, vocab=151936, head_dim=128, tied_embeddings=True),
         ModelShape("Qwen2.5-Math-1.5B", layers=28, hidden=1536, heads=12, kv_heads=2, intermediate=8960, vocab=151936, head_dim=128, tied_embeddings=True),
     )
 }

@@ -11,7 +11,6 @@ comment says so; the values below are then ours, with the reason beside them.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ import yaml
 
 from megatron_pc.algo.advantages import group_advantages
 from megatron_pc.cli import main as cli_main
-from megatron_pc.cluster import models_table
 from megatron_pc.cluster.models_table import load_model_shape
 from megatron_pc.config import Config, load_config, to_dict
 from megatron_pc.reward.pool import overlong_penalty
@@ -144,20 +142,6 @@ CLUSTERS = {
 LAYOUTS = [(name, nodes, overrides) for name, c in CLUSTERS.items() for nodes, overrides in c.layouts.items()]
 FIELDS = [(name, key) for name, ref in REFERENCE.items() for key in ref]
 
-# Model names the configs use that the planner's table (megatron_pc/cluster/models_table.py) lacks,
-# with the table entry of the same shape: Qwen3-4B-Base is Qwen3-4B's architecture.
-MISSING_FROM_TABLE = {"Qwen3-4B-Base": "Qwen3-4B"}
-
-
-@pytest.fixture
-def planner_knows_paper_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Give the planner the shapes its table lacks, until the table lists them (see the xfail below)."""
-    known = dict(models_table.KNOWN_MODELS)
-    for name, same_shape in MISSING_FROM_TABLE.items():
-        known.setdefault(name, dataclasses.replace(known[same_shape], name=name))
-    monkeypatch.setattr(models_table, "KNOWN_MODELS", known)
-
-
 def _load(name: str, *overrides: str) -> Config:
     return load_config(CONFIGS / f"{name}.yaml", overrides)
 
@@ -272,18 +256,12 @@ def test_paper_config_holds_only_fields_that_differ_from_the_defaults(name: str)
     assert same == [], f"{name}.yaml repeats defaults: {same}"
 
 
-_TABLE_LACKS = pytest.mark.xfail(strict=True, reason="models_table.py lacks Qwen3-4B-Base: drop MISSING_FROM_TABLE when it has it")
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=_TABLE_LACKS) if ref["model"] in MISSING_FROM_TABLE else n for n, ref in REFERENCE.items()]
-)
+@pytest.mark.parametrize("name", REFERENCE)
 def test_planner_knows_each_paper_model_before_it_is_downloaded(name: str) -> None:
     cfg = _load(name)
     assert load_model_shape(cfg.model.path).layers > 0
 
 
-@pytest.mark.usefixtures("planner_knows_paper_models")
 @pytest.mark.parametrize(("name", "nodes", "overrides"), LAYOUTS)
 def test_planner_accepts_paper_config_at_its_intended_node_count(
     name: str, nodes: int, overrides: tuple[str, ...], capsys: pytest.CaptureFixture[str]
@@ -296,7 +274,6 @@ def test_planner_accepts_paper_config_at_its_intended_node_count(
         assert _load(name, *overrides, f"allocation.strategy={strategy}").allocation.strategy == strategy
 
 
-@pytest.mark.usefixtures("planner_knows_paper_models")
 @pytest.mark.parametrize("name", CLUSTERS)
 def test_sbatch_file_runs_its_config_on_the_node_count_the_config_plans_for(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     cluster = CLUSTERS[name]
