@@ -95,7 +95,7 @@ def _vllm_figures(model_dir: Path, prompt_ids: list[list[int]], args: argparse.N
         max_tokens=args.max_tokens, max_num_seqs=len(prompt_ids) * args.n, dtype=args.dtype,
         enforce_eager=not args.compile,
     )
-    engine = VllmEngine(model_dir, config, run_dir=run_dir, name="bench0", seed=args.seed)
+    engine = VllmEngine(model_dir, config, run_dir=run_dir, name="bench0", seed=args.seed, max_prompt_tokens=max(map(len, prompt_ids)))
     try:
         sampling = SamplingSettings(
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,

@@ -13,6 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
+from megatron_pc import console
 from megatron_pc.config import load_config
 from megatron_pc.config_cli import split_config_args
 
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-pc train", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("config", nargs="?", help="experiment YAML (default: the embedded tiny CPU configuration)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. allocation.strategy=grpo")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every log line (vLLM, Megatron, Ray, warnings) on the console; by default they go to train.log only")
     args = parser.parse_args(argv)
     cfg = load_config(*split_config_args(args.config, args.overrides))
 
@@ -36,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = cfg.resolved_run_dir
     record_config(cfg, run_dir)
-    _log_to_file(run_dir / "train.log")
+    console.setup(run_dir / "train.log", verbose=args.verbose)
+    console.to_console(logger, "megatron-pc train %s: %s, %d steps, run directory %s (log: train.log%s)", cfg.name,
+                       cfg.allocation.strategy, cfg.training.steps, run_dir, "" if args.verbose else "; --verbose shows it here")
     data = prepare(cfg)
     trainer = Trainer(cfg, data)
     last = trainer.run()
@@ -45,12 +50,6 @@ def main(argv: list[str] | None = None) -> int:
         return PREEMPTED_EXIT
     _summary(run_dir, last)
     return 0
-
-
-def _log_to_file(path: Path) -> None:
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
 
 
 def _summary(run_dir: Path, last: dict[str, float]) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from megatron_pc.cluster.prepare import ValidationData
+from megatron_pc.console import CONSOLE
 from megatron_pc.config import Config
 from megatron_pc.data.loading import DEFAULT_VALIDATION_NAME
 from megatron_pc.reward.pool import RewardPool
@@ -136,6 +137,7 @@ class Evaluator:
         logger.info(
             "step %d validation: sampled accuracy %.3f +- %.3f, greedy %.3f%s",
             step, metrics["val_accuracy"], metrics["val_accuracy_stderr"], metrics["val_greedy_accuracy"], detail,
+            extra=CONSOLE,
         )
         return metrics
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from megatron_pc import console
 from megatron_pc.config import Config
 from megatron_pc.rollout.base import (
     EngineError,
@@ -42,19 +43,22 @@ def _import_ray() -> Any:
 def start_ray(cfg: Config, bundles: int) -> bool:
     """Join the configured Ray cluster, or start a local one; True if we started it."""
     ray = _import_ray()
+    console.route_library_logs("ray")
     if ray.is_initialized():
         return False
     address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
+    # A quiet console (megatron_pc.console): actors write to the run's train.log themselves.
+    env_vars = {console.LOG_FILE_ENV: os.environ[console.LOG_FILE_ENV]} if console.quiet() else {}
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=not console.quiet(), runtime_env={"env_vars": env_vars})
         return False
     # Socket paths must stay under 107 characters: a short temp dir, not the run directory.
     temp_dir = tempfile.mkdtemp(prefix="mpc_ray_", dir="/tmp")
     # Logical CPUs: on a small machine the actors share the cores anyway; what matters is
     # that every bundle can be placed.
     num_cpus = max(os.cpu_count() or 1, int(bundles * cfg.cluster.cpus_per_worker) + 1)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=True,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}})
+    ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=not console.quiet(),
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **env_vars}})
     return True
 
 
@@ -161,7 +165,7 @@ class RayEngine(RolloutEngine):
         self.name = f"engine{index}"
         bundle = placement.engine_offset + index * cfg.rollout.tensor_parallel
         actor_cls = ray.remote(EngineActor).options(**placement.options(bundle, gpus=1.0))
-        self.actor = actor_cls.remote(model_path, cfg.rollout, str(run_dir), self.name, cfg.seed + index)
+        self.actor = actor_cls.remote(model_path, cfg.rollout, str(run_dir), self.name, cfg.seed + index, cfg.data.max_prompt_tokens)
         self._alive = True
         self._get(self.actor.ready.remote())
 

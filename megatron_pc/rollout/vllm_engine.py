@@ -83,17 +83,25 @@ def checkpoint_dtype(model_path: str | Path) -> str:
     return dtype if dtype in ("float32", "bfloat16", "float16") else "auto"
 
 
-def _token_budget(config: RolloutConfig, model_path: str) -> int:
-    """Tokens one engine step may schedule: enough that no prompt's prefill is ever split.
+def _token_budget(config: RolloutConfig, model_path: str, max_prompt_tokens: int | None, is_cpu: bool) -> int | None:
+    """Tokens one engine step may schedule (``max_num_batched_tokens``).
 
-    vLLM rewinds the per-request random generator of a request whose prefill was split
-    (``set_offset``), which CPU generators do not support: seeded sampling would crash
-    ("CPU Generator does not use offset") as soon as a round exceeds the budget.
+    On GPU: vLLM's own default (chunked prefill), unless set. On CPU: enough that no prompt's
+    prefill is ever split, because vLLM rewinds the per-request random generator of a request
+    whose prefill was split (``set_offset``), which CPU generators do not support: seeded
+    sampling would crash ("CPU Generator does not use offset"). Every sequence of a full batch
+    prefilling its prompt at once needs ``max_num_seqs x max_prompt_tokens``; a preempted
+    sequence re-prefills prompt + response, at most the model length, and is scheduled first.
+    Sized from the model length instead (the old default), SmolLM2's 8k positions x 512
+    sequences made vLLM profile 4M tokens and exhaust 24 GiB.
     """
     if config.max_num_batched_tokens is not None:
         return config.max_num_batched_tokens
+    if not is_cpu:
+        return None
     length = config.max_model_len or int(json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings", 4096))
-    return config.max_num_seqs * length
+    prompt = min(max_prompt_tokens or length, length)
+    return max(config.max_num_seqs * prompt, length)
 
 
 class VllmEngine(RolloutEngine):
@@ -101,8 +109,10 @@ class VllmEngine(RolloutEngine):
 
     def __init__(
         self, model_path: str | Path, config: RolloutConfig, *, run_dir: str | Path, name: str = "engine0",
-        seed: int = 0,
+        seed: int = 0, max_prompt_tokens: int | None = None,
     ) -> None:
+        """``max_prompt_tokens``: the longest prompt the engine will see (sizes its token budget
+        on CPU; None assumes prompts as long as the model holds)."""
         self.name = name
         self.config = config
         self.model_path = str(model_path)
@@ -120,7 +130,7 @@ class VllmEngine(RolloutEngine):
                 model=self.model_path, tensor_parallel_size=config.tensor_parallel,
                 dtype=checkpoint_dtype(self.model_path) if config.dtype == "auto" else config.dtype,
                 max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=_token_budget(config, self.model_path),
+                max_num_batched_tokens=_token_budget(config, self.model_path, max_prompt_tokens, self._is_cpu),
                 enforce_eager=config.enforce_eager, gpu_memory_utilization=config.gpu_memory_utilization,
                 logprobs_mode=config.logprobs_mode, enable_sleep_mode=not self._is_cpu, seed=seed,
                 enable_prefix_caching=True,
@@ -222,6 +232,11 @@ class VllmEngine(RolloutEngine):
         # A list: the in-process worker (TP=1) iterates it, and vLLM's multiprocessing executor
         # (TP>1) pickles it to every worker; either way it is counted here.
         weights = list(named_tensors)
+        # vLLM then warns "RotaryEmbedding: Failed to load weights" on every push. Harmless: its
+        # layer-wise reload counts the rotary layer's cos/sin cache as loadable, but that cache
+        # is computed from rope_theta and never is a checkpoint weight, so vLLM puts the layer's
+        # own cache back (model_loader/reload/layerwise.py). The sync check after every push
+        # compares engine and trainer log-probs and would catch a rotary mismatch.
         self._call(
             llm.collective_rpc, "reload_weights",
             kwargs={"weights_iterator": weights, "is_checkpoint_format": True},

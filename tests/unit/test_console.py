@@ -1,0 +1,58 @@
+"""A quiet run keeps the terminal for our own lines and sends everything else to train.log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = textwrap.dedent(
+    """
+    import logging, os, subprocess, sys, warnings
+    from pathlib import Path
+    from megatron_pc import console
+
+    logging.basicConfig(level=logging.INFO)  # as the CLI does: replaced by setup
+    console.setup(Path(sys.argv[1]), verbose=sys.argv[2] == "verbose")
+    print("our summary line")
+    console.to_console(logging.getLogger("megatron_pc.cluster.evaluation"), "step %d validation: %.3f", 20, 0.5)
+    logging.getLogger("megatron_pc.cluster.trainer").warning("our warning")
+    logging.getLogger("megatron_pc.cluster.trainer").info("our info detail")
+    logging.getLogger("vllm").warning("RotaryEmbedding: Failed to load weights")
+    warnings.warn("a library's deprecation")
+    os.write(2, b"a C library writes to fd 2\\n")
+    subprocess.run([sys.executable, "-c", "print('a child process prints')"], check=True)
+    lib = logging.getLogger("somelib")  # a library with its own terminal handler, as Ray has
+    lib.addHandler(logging.StreamHandler(sys.stderr))
+    lib.propagate = False
+    console.route_library_logs("somelib")
+    lib.warning("a library's own handler")
+    console.redirect_worker_output()  # what a Ray actor does
+    os.write(1, b"an actor writes to fd 1\\n")
+    """
+)
+
+
+def _run(tmp_path: Path, mode: str) -> tuple[str, str]:
+    log = tmp_path / "train.log"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(log), mode], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout + proc.stderr, log.read_text()
+
+
+def test_quiet_console_shows_our_lines_and_logs_the_rest(tmp_path: Path) -> None:
+    terminal, log = _run(tmp_path, "quiet")
+    for line in ("our summary line", "step 20 validation: 0.500", "our warning"):
+        assert line in terminal
+    for noise in ("our info detail", "RotaryEmbedding", "deprecation", "C library", "child process", "own handler", "actor writes"):
+        assert noise not in terminal, noise
+        assert noise in log, noise
+    assert "step 20 validation: 0.500" in log and "our warning" in log
+
+
+def test_verbose_console_shows_everything(tmp_path: Path) -> None:
+    terminal, log = _run(tmp_path, "verbose")
+    for line in ("our summary line", "our info detail", "RotaryEmbedding", "deprecation", "C library", "child process", "own handler"):
+        assert line in terminal, line
+    assert "our info detail" in log
