@@ -229,6 +229,21 @@ _TRANSPORT_METHODS = {
 actor's method that takes that and loads the bucket."""
 
 
+def peak_memory(policy: MegatronGroup | None, reference: MegatronGroup | None, engines: EngineGroup | None) -> dict[str, int]:
+    """Peak RSS in bytes of the driver and of every actor still alive, by name."""
+    from megatron_pc.cluster.workers import peak_rss_bytes
+
+    ray = _import_ray()
+    refs: dict[str, Any] = {}
+    for label, group in (("policy", policy), ("reference", reference)):
+        if group is not None:
+            refs |= {f"{label}_rank{i}": a.peak_rss.remote() for i, a in enumerate(group.actors)}
+    for engine in engines.engines if engines is not None else []:
+        if isinstance(engine, RayEngine) and engine.alive:
+            refs[engine.name] = engine.actor.peak_rss.remote()
+    return {"driver": peak_rss_bytes(), **dict(zip(refs, ray.get(list(refs.values()), timeout=60)))}
+
+
 def sync_weights(policy: MegatronGroup, engines: EngineGroup, bucket_mb: int, transport: str = "object_store") -> dict[str, float]:
     """Stream the policy's weights (HF names, full tensors) into every engine, bucket by bucket.
 

@@ -12,6 +12,7 @@ The strategy decides what to generate; the workers never decide; this file only 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -26,6 +27,7 @@ from megatron_pc.cluster.evaluation import Evaluator, decode_and_score
 from megatron_pc.cluster.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
 from megatron_pc.cluster.update import response_metrics, update_policy
 from megatron_pc.config import Config, to_dict
+from megatron_pc.console import CONSOLE
 from megatron_pc.errors import MegatronPCError
 from megatron_pc.metrics.logger import open_metrics
 from megatron_pc.reward.pool import RewardPool
@@ -104,6 +106,7 @@ class Trainer:
                             break
                 finally:
                     metrics.close()
+                self._report_memory(policy, reference, engines)
         finally:
             if engines is not None:
                 engines.shutdown()
@@ -111,6 +114,13 @@ class Trainer:
                 placement.remove()
             G.stop_ray(started)
         return last
+
+    def _report_memory(self, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any) -> None:
+        """Peak RSS of every process, on the console and in peak_memory.json."""
+        peaks = G.peak_memory(policy, reference, engines)
+        (self.run_dir / "peak_memory.json").write_text(json.dumps(peaks, indent=1) + "\n")
+        gib = {name: b / 2**30 for name, b in peaks.items()}
+        logger.info("peak RSS: %s; total %.2f GiB", ", ".join(f"{n} {v:.2f} GiB" for n, v in gib.items()), sum(gib.values()), extra=CONSOLE)
 
     def _start(self, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any) -> None:
         """Load weights: the latest complete checkpoint if there is one, else the HF model."""

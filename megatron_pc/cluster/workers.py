@@ -14,6 +14,13 @@ from typing import Any, Iterator
 logger = logging.getLogger(__name__)
 
 
+def peak_rss_bytes() -> int:
+    """Peak resident set size of the calling process (Linux reports kilobytes)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 class MegatronRank:
     """One rank of a Megatron model (policy or reference) inside a TP x PP x DP world.
 
@@ -46,6 +53,10 @@ class MegatronRank:
     def ready(self) -> int:
         """Returns the rank once construction finished (used to wait for the group)."""
         return self.rank
+
+    def peak_rss(self) -> int:
+        """This process's peak resident memory in bytes."""
+        return peak_rss_bytes()
 
     def load_hf(self, path: str) -> None:
         """Load Hugging Face weights."""
@@ -160,6 +171,10 @@ class EngineActor:
     def ready(self) -> str:
         """The engine's name once it started."""
         return self.engine.name
+
+    def peak_rss(self) -> int:
+        """This process's peak resident memory in bytes (the engine's workers not included)."""
+        return peak_rss_bytes()
 
     def generate(self, requests: list[Any], sampling: Any) -> Any:
         """Serve a shard of a round."""
