@@ -40,6 +40,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options; CONFIG may be omitted (a first argument with '=' is an override) and the
+    overrides may come before or after the options."""
+    from megatron_pc.config_cli import split_config_args
+
+    args = _parser().parse_intermixed_args(argv)
+    config, args.overrides = split_config_args(args.config, args.overrides)
+    args.config = config or "configs/tiny_cpu.yaml"
+    return args
+
+
 def run_strategy(config: str, strategy: str, overrides: list[str], steps: int | None, run_dir: Path) -> float:
     """Train one strategy into ``run_dir`` (its log in ``run_dir``.log); wall seconds."""
     cmd = [sys.executable, "-m", "megatron_pc", "train", config, f"allocation.strategy={strategy}", f"run_dir={run_dir}",
@@ -87,7 +98,7 @@ def rollouts_to_reach(validation: list[dict[str, Any]], target: float) -> int | 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every strategy, print the comparison."""
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown or not strategies:

@@ -135,3 +135,12 @@ def test_response_metrics_count_lengths_and_truncation() -> None:
     assert out == {"response_length_mean": 5.0, "response_length_max": 10.0, "truncated_share": 0.5}
     assert response_metrics([], []) == {}
     assert math.isclose(response_metrics([1], ["stop"])["truncated_share"], 0.0)
+
+
+def test_bench_step_takes_overrides_without_a_config_and_after_the_options() -> None:
+    from megatron_pc.bench.step import parse_args
+
+    args = parse_args(["--strategies", "grpo", "training.mini_batch=8", "--json"])
+    assert (args.config, args.overrides, args.strategies, args.json) == ("configs/tiny_cpu.yaml", ["training.mini_batch=8"], "grpo", True)
+    args = parse_args(["configs/x.yaml", "--out", "o", "a.b=1", "c.d=2"])
+    assert (args.config, args.overrides, args.out) == ("configs/x.yaml", ["a.b=1", "c.d=2"], "o")
