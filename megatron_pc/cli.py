@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("megatron_pc.cluster.plan:main", "check a layout fits the cluster and estimate memory per GPU"),
     "launch": ("megatron_pc.cluster.launch:main", "submit a job through nemo-run (slurm | local)"),
     "config": ("megatron_pc.config_cli:main", "print the resolved configuration of an experiment"),
+    "report": ("megatron_pc.bench.report:main", "report and plots of validation accuracy against rollouts for any runs"),
 }
 
 

@@ -9,6 +9,10 @@ The model, and why
   has one skill s; it solves prompt i with probability p_i = sigmoid(s - d_i) (a Rasch /
   item-response model). A wide difficulty spread gives what real pools show: many prompts
   that are always or never solved, i.e. zero-variance GRPO groups.
+  Calibrated instead to a real start model (``--success-rates FILE``, ``SimConfig.success_rates``):
+  each prompt draws one measured per-prompt success rate k/m of that model (m samples each) and
+  its starting p_i from that rate's posterior Beta(k + 1/2, m - k + 1/2), so d_i = -logit(p_i);
+  a prompt measured 0/16 starts rare-but-possible rather than impossible.
 * Learning signal. For a logistic p_i, d p_i / d s = p_i (1 - p_i): the expected policy
   gradient a prompt contributes is largest at p = 1/2, which is Proposition 3.1 of the paper
   (see ../shared/docs/PILOT_COMMIT.md). A sampled GRPO group with empirical success rate q
@@ -39,6 +43,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from megatron_pc.allocation import Rollout, RoundPlan, build_strategy
@@ -75,6 +80,12 @@ class SimConfig:
     """One run per seed and strategy."""
     strategies: list[str] = field(default_factory=lambda: ["pilot_commit", "grpo", "dapo"])
     """Strategies to compare."""
+    success_rates: list[float] | None = None
+    """Measured per-prompt success rates of a start model (each k / ``success_samples``). When
+    set, prompt difficulties come from them (see the module docstring) instead of
+    ``difficulty_mean`` / ``difficulty_std``."""
+    success_samples: int = 16
+    """Samples behind each measured success rate (the width of its posterior)."""
 
 
 class SimulatedPolicy:
@@ -84,9 +95,18 @@ class SimulatedPolicy:
         rng = random.Random(seed)
         self.sim = sim
         self.skill = 0.0
-        self.difficulty = [rng.gauss(sim.difficulty_mean, sim.difficulty_std) for _ in range(sim.pool_size)]
-        self.validation = [rng.gauss(sim.difficulty_mean, sim.difficulty_std) for _ in range(sim.validation_size)]
+        self.difficulty = [self._draw_difficulty(rng) for _ in range(sim.pool_size)]
+        self.validation = [self._draw_difficulty(rng) for _ in range(sim.validation_size)]
         self._rng = random.Random(seed + 7919)
+
+    def _draw_difficulty(self, rng: random.Random) -> float:
+        """One prompt's latent difficulty: Gaussian, or from a measured success rate."""
+        if self.sim.success_rates is None:
+            return rng.gauss(self.sim.difficulty_mean, self.sim.difficulty_std)
+        m = self.sim.success_samples
+        k = rng.choice(self.sim.success_rates) * m
+        p = min(max(rng.betavariate(k + 0.5, m - k + 0.5), 1e-9), 1.0 - 1e-9)
+        return -math.log(p / (1.0 - p))  # skill 0 solves it with probability p
 
     def p(self, prompt: int) -> float:
         """Probability of solving a training prompt now."""
@@ -226,6 +246,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--trace", metavar="FILE", help="write every allocation decision as JSON lines")
     parser.add_argument("--seeds", type=int, help="number of seeds (0..N-1)")
     parser.add_argument("--strategies", help="comma-separated strategies to compare")
+    parser.add_argument("--success-rates", metavar="FILE",
+                        help='JSON: measured per-prompt success rates of a start model, [0.25, ...] or {"rates": [...], "samples": 16}')  # fmt: skip
     for name in ("pool_size", "max_steps"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int)
     for name in ("target_accuracy", "difficulty_mean", "difficulty_std", "lr", "local_lr", "noise"):
@@ -244,12 +266,28 @@ def _sim_config(args: argparse.Namespace) -> SimConfig:
         sim.seeds = list(range(args.seeds))
     if args.strategies:
         sim.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if args.success_rates:
+        sim.success_rates, sim.success_samples = read_success_rates(args.success_rates)
     if not 0.0 < sim.target_accuracy < 1.0:
         raise ConfigError("--target-accuracy", f"must lie in (0, 1), got {sim.target_accuracy}")
     for name in ("pool_size", "max_steps"):
         if getattr(sim, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}", f"must be >= 1, got {getattr(sim, name)}")
     return sim
+
+
+def read_success_rates(path: str) -> tuple[list[float], int]:
+    """(rates, samples per rate) from a JSON file: a list of rates, or {"rates": [...], "samples": m}."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError("--success-rates", f"cannot read {path}: {err}") from None
+    rates, samples = (data.get("rates"), data.get("samples", 16)) if isinstance(data, dict) else (data, 16)
+    if not isinstance(rates, list) or not rates or not all(isinstance(r, (int, float)) and 0.0 <= r <= 1.0 for r in rates):
+        raise ConfigError("--success-rates", f"{path}: must hold a non-empty list of success rates in [0, 1]")
+    if not isinstance(samples, int) or samples < 1:
+        raise ConfigError("--success-rates", f"{path}: 'samples' must be an integer >= 1, got {samples!r}")
+    return [float(r) for r in rates], samples
 
 
 def main(argv: list[str] | None = None) -> int:

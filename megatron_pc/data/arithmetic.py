@@ -9,16 +9,24 @@ Difficulty: digits of ``a`` + digits of ``b`` (+2 for a product, which needs car
 places), from 2 (``3+4=``) to 8 (``1234+5678=``; products reach 6); the digit counts are drawn uniformly so every
 level is well represented, which gives a model of ~1M parameters a spread of per-prompt success
 rates from always to never.
+
+Task regimes (``builtin:arithmetic_paper_like``, ``builtin:arithmetic_hard``) are fixed mixes of
+*cells*: one operation with fixed operand digit counts, each with a fixed share of the prompts.
+Their content, not any strategy, defines them; docs/benchmarks.md gives each regime's measured
+zero-variance share. Each cell gets its exact share of the prompts (no rejection sampling), so
+a regime holds the same mix at every pool size, and a cell too small for its share is an error.
 """
 
 from __future__ import annotations
 
 import random
 
+from dataclasses import dataclass
+
 from megatron_pc.data.records import PromptRecord
 from megatron_pc.errors import DataError
 
-__all__ = ["arithmetic_prompts"]
+__all__ = ["Cell", "MIXES", "Mix", "arithmetic_prompts", "mix_prompts"]
 
 # Weights of +, -, *: products are the hardest and most distinct; a fifth of the mix.
 _OPS = ("+", "-", "*")
@@ -55,3 +63,117 @@ def arithmetic_prompts(size: int, seed: int) -> list[PromptRecord]:
         record = _one(rng)
         records.setdefault(record.id, record)
     raise DataError(f"builtin:arithmetic: could not draw {size} distinct prompts")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """All prompts ``a<op>b=`` of one operation whose operands have exactly these digit counts."""
+
+    op: str
+    """``+``, ``-`` or ``*``."""
+    digits_a: int
+    """Digits of the first operand (1 means 0-9)."""
+    digits_b: int
+    """Digits of the second operand."""
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS:
+            raise DataError(f"arithmetic cell: op must be one of {', '.join(_OPS)}, got {self.op!r}")
+        if not (1 <= self.digits_a <= 6 and 1 <= self.digits_b <= 6):
+            raise DataError(f"arithmetic cell {self.op}: operand digits must lie in 1..6, got {self.digits_a}, {self.digits_b}")
+
+    @property
+    def level(self) -> int:
+        """Difficulty as in ``builtin:arithmetic``: operand digits, +2 for a product."""
+        return self.digits_a + self.digits_b + (2 if self.op == "*" else 0)
+
+    @property
+    def capacity(self) -> int:
+        """Number of distinct prompts in the cell."""
+        return _count(self.digits_a) * _count(self.digits_b)
+
+    def record(self, index: int, source: str) -> PromptRecord:
+        """The ``index``-th prompt of the cell (0 <= index < capacity), in operand order."""
+        a = _low(self.digits_a) + index // _count(self.digits_b)
+        b = _low(self.digits_b) + index % _count(self.digits_b)
+        value = a + b if self.op == "+" else a - b if self.op == "-" else a * b
+        prompt = f"{a}{self.op}{b}="
+        return PromptRecord(f"arithmetic/{prompt}", prompt, str(value), source, float(self.level))
+
+    def __str__(self) -> str:
+        return f"{'d' * self.digits_a}{self.op}{'d' * self.digits_b}"
+
+
+def _low(digits: int) -> int:
+    return 0 if digits == 1 else 10 ** (digits - 1)
+
+
+def _count(digits: int) -> int:
+    return 10**digits - _low(digits)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """A task regime: cells and the share of the prompts each one gets."""
+
+    name: str
+    """Builtin source name (``builtin:<name>``)."""
+    summary: str
+    """What the regime is, in a line."""
+    cells: tuple[tuple[Cell, float], ...]
+    """(cell, weight); weights are normalised to shares."""
+
+    def shares(self) -> list[tuple[Cell, float]]:
+        """(cell, share of the prompts), the shares summing to 1."""
+        total = sum(w for _, w in self.cells)
+        return [(c, w / total) for c, w in self.cells]
+
+    def quotas(self, size: int) -> list[int]:
+        """Prompts per cell for a set of ``size``: shares rounded by largest remainder."""
+        exact = [share * size for _, share in self.shares()]
+        quotas = [int(x) for x in exact]
+        by_remainder = sorted(range(len(exact)), key=lambda i: (quotas[i] - exact[i], i))
+        for i in by_remainder[: size - sum(quotas)]:
+            quotas[i] += 1
+        return quotas
+
+
+def mix_prompts(mix: Mix, size: int, seed: int) -> list[PromptRecord]:
+    """``size`` distinct prompts of a regime, each cell with its exact share, in seeded order."""
+    rng = random.Random(seed)
+    records: list[PromptRecord] = []
+    for (cell, _), quota in zip(mix.shares(), mix.quotas(size)):
+        if quota > cell.capacity:
+            raise DataError(
+                f"builtin:{mix.name}: cell {cell} holds {cell.capacity} distinct prompts but its share of "
+                f"{size} prompts is {quota}; use a smaller data.train_size + data.validation_size"
+            )
+        records += [cell.record(i, mix.name) for i in rng.sample(range(cell.capacity), quota)]
+    rng.shuffle(records)
+    return records
+
+
+def _cells(*spec: tuple[str, int, int, float]) -> tuple[tuple[Cell, float], ...]:
+    return tuple((Cell(op, a, b), w) for op, a, b, w in spec)
+
+
+# Shares in percent. The measured success rates of the warm-up model per cell that chose them
+# are in docs/benchmarks.md; a regime is fixed by its content and never tuned per strategy.
+MIXES: dict[str, Mix] = {
+    m.name: m
+    for m in (
+        Mix("arithmetic_mixed", "mostly sums and differences the start model half-solves: zero-variance share about 0.3",
+            _cells(("+", 4, 1, 15), ("+", 3, 2, 15), ("+", 2, 3, 15), ("-", 3, 2, 10), ("-", 1, 3, 10), ("-", 4, 1, 10),
+                   ("*", 3, 1, 10), ("+", 4, 4, 10), ("+", 2, 2, 5))),
+        Mix("arithmetic_paper_like", "like the paper's data: half beyond the start model, a quarter it mostly solves, a band "
+            "between; zero-variance share about 0.6",
+            _cells(("+", 4, 4, 22), ("-", 4, 4, 16), ("*", 2, 2, 12),  # beyond reach
+                   ("+", 1, 2, 2), ("-", 2, 1, 2), ("-", 1, 2, 2), ("+", 4, 1, 10), ("+", 3, 1, 9),  # mostly solved
+                   ("+", 3, 2, 9), ("+", 2, 3, 8), ("-", 3, 2, 4), ("*", 3, 1, 4))),  # the band
+        Mix("arithmetic_hard", "mostly beyond the start model: long sums and differences, 2-digit products; zero-variance "
+            "share about 0.8",
+            _cells(("+", 4, 4, 25), ("-", 4, 4, 20), ("*", 2, 2, 15), ("-", 3, 3, 15), ("+", 3, 3, 10), ("+", 4, 3, 10),
+                   ("*", 3, 1, 5))),
+    )
+}
+"""The task regimes of ``megatron-pc bench rollouts`` (docs/benchmarks.md), by builtin source name."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 from typing import Callable
 
-from megatron_pc.data.arithmetic import arithmetic_prompts
+from megatron_pc.data.arithmetic import MIXES, arithmetic_prompts, mix_prompts
+from megatron_pc.data.questions import arithmetic_question_prompts
 from megatron_pc.data.records import PromptRecord
 
 __all__ = ["BUILTIN_SOURCES", "gsm_symbolic_prompts"]
@@ -34,5 +36,8 @@ def gsm_symbolic_prompts(size: int, seed: int) -> list[PromptRecord]:
 BUILTIN_SOURCES: dict[str, Callable[[int, int], list[PromptRecord]]] = {
     "arithmetic": arithmetic_prompts,
     "gsm_symbolic": gsm_symbolic_prompts,
+    "arithmetic_questions": arithmetic_question_prompts,  # for SmolLM2 (configs/smollm2_135m_cpu.yaml)
+    # The benchmark's task regimes: fixed mixes of operations and operand sizes.
+    **{name: partial(mix_prompts, mix) for name, mix in MIXES.items()},
 }
 """Generators ``(size, seed) -> distinct records`` for ``DataConfig.source = "builtin:<name>"``."""

@@ -62,3 +62,37 @@ def test_bench_controller_prints_milliseconds_per_reference_round(capsys) -> Non
     out = capsys.readouterr().out
     assert "pilot 12,288 + commit 12,288 rollouts" in out
     assert re.search(r"median \d+\.\d ms", out)
+
+
+def _rates() -> list[float]:
+    """40% never solved, 20% always, 40% half the time (of 16 samples)."""
+    return [0.0] * 40 + [1.0] * 20 + [0.5] * 40
+
+
+def test_simulated_policy_starts_from_measured_success_rates() -> None:
+    sim = SimConfig(pool_size=5000, validation_size=5000, success_rates=_rates(), success_samples=16)
+    policy = SimulatedPolicy(sim, seed=0)
+    p = [policy.p(i) for i in range(sim.pool_size)]
+    # Posterior means: Beta(0.5, 16.5) 0.03, Beta(16.5, 0.5) 0.97, Beta(8.5, 8.5) 0.5.
+    expected = 0.4 * 0.5 / 17 + 0.2 * 16.5 / 17 + 0.4 * 0.5
+    assert abs(sum(p) / len(p) - expected) < 0.02
+    assert abs(policy.validation_accuracy() - expected) < 0.02
+    assert abs(sum(x < 0.15 for x in p) / len(p) - 0.4) < 0.03
+    assert abs(sum(x > 0.85 for x in p) / len(p) - 0.2) < 0.03
+
+
+def test_simulate_takes_a_file_of_measured_success_rates(tmp_path, capsys) -> None:
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps({"rates": _rates(), "samples": 16}))
+    assert main(["simulate", "--json", "--seeds", "1", "--pool-size", "2000", "--max-steps", "20", "--success-rates", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sim"]["success_rates"] == _rates()
+    assert all(abs(run["start_accuracy"] - 0.41) < 0.03 for run in out["runs"])
+
+
+def test_simulate_refuses_a_bad_success_rates_file_by_name(tmp_path, capsys) -> None:
+    path = tmp_path / "rates.json"
+    path.write_text("[0.5, 1.5]")
+    assert main(["simulate", "--success-rates", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "--success-rates" in err and "in [0, 1]" in err

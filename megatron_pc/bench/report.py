@@ -1,0 +1,393 @@
+"""``megatron-pc report RUN_DIR...``: validation accuracy against rollouts, for any set of runs.
+
+Each run directory is a normal training run (metrics.jsonl, config.yaml). Runs are grouped by
+task (``data.source``) and strategy (``allocation.strategy``, or with ``--label-by dir`` the
+name of the directory above the run, as in the layout ``megatron-pc bench rollouts`` writes);
+their seeds form the spread. The report fixes target accuracies per task (the start plus 25 /
+50 / 75% of the smallest final gain among the strategies), counts the rollouts and the training
+seconds each run needed to first reach each of them, and compares every strategy with
+Pilot-Commit. It writes DIR/report.md, DIR/summary.json and the PNG plots of
+:mod:`megatron_pc.bench.report_plots`.
+
+Conventions (also in docs/benchmarks.md):
+* Start accuracy of a task: the mean step-0 validation accuracy of its runs (one start model).
+* Final accuracy of a run: the mean of its last ``FINAL_POINTS`` validations (less jitter than one).
+* Reaching a target: the first validation at or above it, the rollouts (and seconds) linearly
+  interpolated from the validation before it, so a check every 5 steps does not round to 5 steps.
+* Seconds are training seconds: each step's ``time_total`` without its validation (the
+  ``time_validation`` metric when present, else the step's excess over its timed phases).
+* Medians over seeds count a run that never reached a target as infinitely slow, so a median
+  exists when more than half of the seeds reached it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from megatron_pc.bench.step import PHASES
+from megatron_pc.errors import MegatronPCError
+from megatron_pc.metrics.logger import read_metrics
+
+REFERENCE = "pilot_commit"
+"""The strategy every other one is compared with."""
+MAIN_STRATEGIES = ("pilot_commit", "grpo", "dapo")
+"""Strategies whose final gains set the targets (ablations are measured against them)."""
+TARGET_FRACTIONS = (0.25, 0.5, 0.75)
+FINAL_POINTS = 3
+_NO_GAIN = 1e-9
+"""A final gain this small is no gain (float noise of equal accuracies)."""
+
+
+@dataclass
+class Point:
+    """One validation of a run."""
+
+    step: int
+    rollouts: float
+    """Cumulative generated rollouts when it was measured."""
+    seconds: float
+    """Cumulative training seconds (validation excluded) when it was measured."""
+    accuracy: float
+    stderr: float | None
+
+
+@dataclass
+class Run:
+    """One training run's metrics rows, labelled for the report."""
+
+    regime: str
+    strategy: str
+    seed: int
+    run_dir: Path
+    rows: list[dict[str, Any]]
+    val_prompts: int | None = None
+    """Validation prompts (for a binomial standard error when the rows carry none)."""
+    val_samples: int | None = None
+    """Sampled responses per validation prompt."""
+    points: list[Point] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.points = validation_points(self)
+        if not self.points:
+            raise MegatronPCError(
+                f"{self.run_dir}: metrics.jsonl has no validation rows (val_accuracy); "
+                "the run stopped before its first validation (training.validate_every)"
+            )
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        """Rows of training steps (step 0 is the validation before training)."""
+        return [r for r in self.rows if r.get("step", 0) > 0 and "generated" in r]
+
+    @property
+    def final_accuracy(self) -> float:
+        """Mean accuracy of the last FINAL_POINTS validations."""
+        return statistics.fmean(p.accuracy for p in self.points[-FINAL_POINTS:])
+
+
+def step_train_seconds(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Seconds each step spent training: ``time_total`` minus its validation.
+
+    Without a ``time_validation`` metric, a validation step's validation is its excess of
+    untimed seconds over the median untimed seconds (controller work) of the other steps.
+    """
+    steps = [r for r in rows if r.get("step", 0) > 0 and r.get("time_total") is not None]
+
+    def untimed(r: dict[str, Any]) -> float:
+        return r["time_total"] - sum(r.get(f"time_{p}") or 0.0 for p in PHASES)
+
+    plain = [untimed(r) for r in steps if r.get("val_accuracy") is None]
+    overhead = statistics.median(plain) if plain else 0.0
+    out = {}
+    for r in steps:
+        if r.get("time_validation") is not None:
+            out[r["step"]] = r["time_total"] - r["time_validation"]
+        elif r.get("val_accuracy") is not None:
+            out[r["step"]] = r["time_total"] - max(untimed(r) - overhead, 0.0)
+        else:
+            out[r["step"]] = r["time_total"]
+    return out
+
+
+def validation_seconds(rows: list[dict[str, Any]]) -> float | None:
+    """Mean seconds of one validation during training (None without any)."""
+    train = step_train_seconds(rows)
+    spent = [r["time_total"] - train[r["step"]] for r in rows if r.get("step", 0) > 0 and r.get("val_accuracy") is not None
+             and r["step"] in train]  # fmt: skip
+    return statistics.fmean(spent) if spent else None
+
+
+def validation_points(run: Run) -> list[Point]:
+    """The run's validations with cumulative rollouts, training seconds and standard error."""
+    seconds = step_train_seconds(run.rows)
+    points, elapsed = [], 0.0
+    for r in run.rows:
+        elapsed += seconds.get(r.get("step", 0), 0.0)
+        acc = r.get("val_accuracy")
+        if acc is None:
+            continue
+        stderr = r.get("val_accuracy_stderr")
+        if stderr is None and run.val_prompts and run.val_samples:
+            stderr = math.sqrt(max(acc * (1.0 - acc), 0.0) / (run.val_prompts * run.val_samples))
+        points.append(Point(int(r["step"]), float(r.get("cum_generated", 0)), elapsed, float(acc), stderr))
+    return points
+
+
+def first_reach(points: list[Point], target: float, axis: str) -> float | None:
+    """``axis`` (``rollouts`` or ``seconds``) at which the accuracy first reaches ``target``,
+    interpolated linearly from the validation before; None if it never does."""
+    previous: Point | None = None
+    for p in points:
+        if p.accuracy >= target:
+            x = getattr(p, axis)
+            if previous is None or p.accuracy == previous.accuracy:
+                return x
+            share = (target - previous.accuracy) / (p.accuracy - previous.accuracy)
+            return getattr(previous, axis) + share * (x - getattr(previous, axis))
+        previous = p
+    return None
+
+
+def spread(values: dict[int, float | None]) -> dict[str, Any]:
+    """Over seeds ({seed: value, None for a miss}): the median (a miss counts as infinitely slow),
+    min and max of the hits, and how many seeds reached it."""
+    hits = sorted(v for v in values.values() if v is not None)
+    median = statistics.median([math.inf if v is None else v for v in values.values()]) if values else math.inf
+    return {
+        "median": None if math.isinf(median) else median,
+        "min": hits[0] if hits else None,
+        "max": hits[-1] if hits else None,
+        "reached": len(hits),
+        "runs": len(values),
+        "per_seed": {str(seed): v for seed, v in values.items()},
+    }
+
+
+def ratio(other: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """other / reference of the medians, with who reached at all; and the range of the ratios of
+    the seeds both ran and reached."""
+    a, b = other["median"], reference["median"]
+    if a is not None and b is not None:
+        value, status = (a / b if b > 0 else None), "both"
+    else:
+        value, status = None, {(True, False): "reference_only", (False, True): "other_only"}.get((b is not None, a is not None), "neither")
+    mine, theirs = other["per_seed"], reference["per_seed"]
+    paired = [mine[s] / theirs[s] for s in mine if s in theirs and mine[s] is not None and theirs[s] is not None and theirs[s] > 0]
+    return {"ratio": value, "status": status, "seed_min": min(paired, default=None), "seed_max": max(paired, default=None)}
+
+
+def choose_targets(runs: list[Run], fractions: tuple[float, ...] = TARGET_FRACTIONS) -> dict[str, Any]:
+    """Start accuracy, the strategies' median final gains, and the fixed targets of one task."""
+    start = statistics.fmean(r.points[0].accuracy for r in runs)
+    gains: dict[str, float] = {}
+    for name in _labels(runs):
+        gains[name] = statistics.median(r.final_accuracy - start for r in runs if r.strategy == name)
+    deciding = {n: g for n, g in gains.items() if n in MAIN_STRATEGIES} or gains
+    improved = [g for g in deciding.values() if g > _NO_GAIN]
+    base = min(improved) if improved else None
+    targets = [start + f * base for f in fractions] if base is not None else []
+    no_gain = sorted(n for n, g in deciding.items() if g <= _NO_GAIN)
+    return {"start_accuracy": start, "final_gain": gains, "gain_used": base, "strategies_without_gain": no_gain,
+            "fractions": list(fractions) if base is not None else [], "target_accuracies": targets}  # fmt: skip
+
+
+def compare(runs: list[Run], targets: list[float]) -> dict[str, Any]:
+    """Per target: each strategy's rollouts and seconds to reach it (over its seeds), and ratios to Pilot-Commit."""
+    out = []
+    for target in targets:
+        entry: dict[str, Any] = {"accuracy": target, "strategies": {}}
+        for name in _labels(runs):
+            mine = sorted((r for r in runs if r.strategy == name), key=lambda r: r.seed)
+            entry["strategies"][name] = {axis: spread({r.seed: first_reach(r.points, target, axis) for r in mine}) for axis in ("rollouts", "seconds")}
+        ref = entry["strategies"].get(REFERENCE)
+        if ref is not None:
+            for name, figures in entry["strategies"].items():
+                if name != REFERENCE:
+                    figures["vs_pilot_commit"] = {axis: ratio(figures[axis], ref[axis]) for axis in ("rollouts", "seconds")}
+        out.append(entry)
+    return {"seeds": sorted({r.seed for r in runs}), "targets": out}
+
+
+def run_figures(run: Run) -> dict[str, Any]:
+    """The allocation figures of one run."""
+    steps = run.steps
+    last = steps[-1] if steps else {}
+
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in steps if r.get(key) is not None]
+        return statistics.fmean(values) if values else None
+
+    generated = last.get("cum_generated") or 0
+    piloted = last.get("cum_prompts_piloted") or 0
+    train_seconds = list(step_train_seconds(run.rows).values())
+    return {
+        "steps": last.get("step", 0),
+        "start_accuracy": run.points[0].accuracy,
+        "final_accuracy": run.final_accuracy,
+        "zero_variance_share_first_step": steps[0].get("zero_variance_share") if steps else None,
+        "zero_variance_share": mean("zero_variance_share"),
+        "group_reward_var_mean": mean("group_reward_var_mean"),
+        "rollouts_per_step": mean("generated"),
+        "rollouts": generated,
+        "trained_share": (last.get("cum_trained_rollouts") or 0) / generated if generated else None,
+        "pilot_keep_rate": (last.get("cum_prompts_kept") or 0) / piloted if piloted else None,
+        "prompts_evicted": last.get("cum_prompts_evicted"),
+        "buffer_age_evictions": last.get("cum_buffer_age_evictions"),
+        "partial_steps": last.get("cum_partial_steps"),
+        "step_seconds": statistics.median(train_seconds) if train_seconds else None,
+        "validation_seconds": validation_seconds(run.rows),
+        "val_stderr": run.points[-1].stderr,
+    }
+
+
+def regime_figures(runs: list[Run]) -> dict[str, Any]:
+    """Each strategy's run figures averaged over its seeds."""
+    out: dict[str, Any] = {}
+    for name in _labels(runs):
+        figures = [run_figures(r) for r in runs if r.strategy == name]
+        out[name] = {key: _mean_or_none([f[key] for f in figures]) for key in figures[0]}
+        out[name]["seeds"] = len(figures)
+    return out
+
+
+def _mean_or_none(values: list[Any]) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return statistics.fmean(numbers) if numbers else None
+
+
+def _labels(runs: list[Run]) -> list[str]:
+    """Strategy labels in a stable order: the main strategies first, then the rest by name."""
+    names = {r.strategy for r in runs}
+    return [n for n in MAIN_STRATEGIES if n in names] + sorted(names - set(MAIN_STRATEGIES))
+
+
+def summarize(runs: list[Run], fractions: tuple[float, ...] = TARGET_FRACTIONS) -> dict[str, Any]:
+    """Every figure of the report, per task (regime)."""
+    regimes: dict[str, Any] = {}
+    for regime in sorted({r.regime for r in runs}, key=[r.regime for r in runs].index):
+        mine = [r for r in runs if r.regime == regime]
+        chosen = choose_targets(mine, fractions)
+        regimes[regime] = {**chosen, **compare(mine, chosen["target_accuracies"]), "strategies": regime_figures(mine),
+                           "runs": [{"strategy": r.strategy, "seed": r.seed, "run_dir": str(r.run_dir)} for r in mine]}  # fmt: skip
+    return {"regimes": regimes}
+
+
+# ---- reading run directories -----------------------------------------------------------------
+
+
+def load_run(run_dir: str | Path, *, regime: str | None = None, strategy: str | None = None, seed: int | None = None,
+             label_by: str = "strategy") -> Run:  # fmt: skip
+    """A run directory's metrics and labels (from its config.yaml unless given)."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise MegatronPCError(f"run directory {path} does not exist")
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        raise MegatronPCError(f"{path} holds no metrics.jsonl: not a training run directory (or the run has not started)")
+    cfg_path = path / "config.yaml"
+    cfg = (yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.is_file() else {}
+    data, training = cfg.get("data", {}), cfg.get("training", {})
+    if strategy is None:
+        strategy = path.parent.name if label_by == "dir" else cfg.get("allocation", {}).get("strategy", path.name)
+    val_prompts = data.get("validation_size") if data.get("validation") is None else _count_lines(Path(data["validation"]))
+    return Run(
+        regime=regime or regime_label(str(data.get("source", "unknown"))),
+        strategy=str(strategy),
+        seed=int(seed if seed is not None else cfg.get("seed", 0)),
+        run_dir=path,
+        rows=read_metrics(metrics),
+        val_prompts=val_prompts,
+        val_samples=training.get("val_samples"),
+    )
+
+
+def regime_label(source: str) -> str:
+    """The report's name for a data source: the benchmark regime's name, else the source's."""
+    from megatron_pc.bench.regimes import REGIMES
+
+    for name, regime in REGIMES.items():
+        if regime.source == source:
+            return name
+    return source.removeprefix("builtin:") if source.startswith("builtin:") else Path(source).stem
+
+
+def _count_lines(path: Path) -> int | None:
+    if not path.is_file():
+        return None
+    with path.open() as f:
+        return sum(1 for line in f if line.strip())
+
+
+def check_unique(runs: list[Run]) -> None:
+    """Two runs with the same task, label and seed cannot be told apart in a report."""
+    seen: dict[tuple[str, str, int], Path] = {}
+    for r in runs:
+        key = (r.regime, r.strategy, r.seed)
+        if key in seen:
+            raise MegatronPCError(
+                f"{seen[key]} and {r.run_dir} are both {r.strategy}, seed {r.seed}, on {r.regime}; "
+                "report them separately, or label runs by their parent directory (--label-by dir)"
+            )
+        seen[key] = r.run_dir
+
+
+# ---- writing ---------------------------------------------------------------------------------
+
+
+def write_report(runs: list[Run], out: Path, *, fractions: tuple[float, ...] = TARGET_FRACTIONS,
+                 extra: dict[str, Any] | None = None, sections: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """report.md, summary.json and the plots in ``out``; returns the summary.
+
+    ``extra`` is merged into summary.json (the benchmark adds its regimes, simulator and
+    ablations); ``sections`` are markdown blocks appended to report.md.
+    """
+    from megatron_pc.bench.report_format import markdown
+    from megatron_pc.bench.report_plots import draw_all
+
+    check_unique(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(runs, fractions)
+    summary["plots"] = draw_all(runs, summary, out)
+    if extra:
+        summary.update(extra)
+    (out / "report.md").write_text(markdown(summary, sections or []))
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    tmp.replace(out / "summary.json")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``megatron-pc report RUN_DIR... [--out DIR]``."""
+    parser = argparse.ArgumentParser(prog="megatron-pc report", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run directories (with metrics.jsonl)")
+    parser.add_argument("--out", default="report", help="where report.md, summary.json and the PNGs go (default: ./report)")
+    parser.add_argument("--label-by", choices=("strategy", "dir"), default="strategy",
+                        help="name a run's line by allocation.strategy, or by the directory above the run")  # fmt: skip
+    parser.add_argument("--target-fractions", default=",".join(map(str, TARGET_FRACTIONS)),
+                        help="targets as shares of the smallest final gain (default 0.25,0.5,0.75)")  # fmt: skip
+    args = parser.parse_args(argv)
+    runs = [load_run(d, label_by=args.label_by) for d in args.run_dirs]
+    summary = write_report(runs, Path(args.out), fractions=parse_fractions(args.target_fractions))
+    print(f"report: {Path(args.out) / 'report.md'} ({len(runs)} runs, {len(summary['regimes'])} tasks); "
+          f"plots: {', '.join(summary['plots'])}")  # fmt: skip
+    return 0
+
+
+def parse_fractions(text: str) -> tuple[float, ...]:
+    """Comma-separated shares in (0, 1]."""
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise MegatronPCError(f"--target-fractions: {text!r} is not a comma-separated list of numbers") from None
+    if not values or not all(0.0 < v <= 1.0 for v in values):
+        raise MegatronPCError(f"--target-fractions: each must lie in (0, 1], got {text!r}")
+    return values

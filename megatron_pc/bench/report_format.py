@@ -1,0 +1,122 @@
+"""report.md from a report summary (:func:`megatron_pc.bench.report.summarize`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from megatron_pc.bench.report import REFERENCE
+
+
+def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _ratio_cell(r: dict[str, Any]) -> str:
+    """``1.42x [1.1-1.8]``, or who alone reached the target."""
+    if r["status"] == "both" and r["ratio"] is not None:
+        seeds = f" [{r['seed_min']:.2f}-{r['seed_max']:.2f}]" if r["seed_min"] is not None and r["seed_max"] != r["seed_min"] else ""
+        return f"**{r['ratio']:.2f}x**{seeds}"
+    return {"reference_only": "only PC reached", "other_only": "PC did not reach", "neither": "neither reached"}.get(r["status"], "-")
+
+
+def _reach_cell(s: dict[str, Any], fmt: str) -> str:
+    if s["median"] is None:
+        return f"not reached ({s['reached']}/{s['runs']})"
+    span = f" [{fmt.format(s['min'])}-{fmt.format(s['max'])}]" if s["runs"] > 1 else ""
+    return f"{fmt.format(s['median'])}{span} ({s['reached']}/{s['runs']})"
+
+
+def verdict(regime: dict[str, Any]) -> str:
+    """One line: where Pilot-Commit wins and where it loses on this task, in rollouts."""
+    parts = []
+    for name in [n for n in regime["strategies"] if n != REFERENCE]:
+        wins = losses = 0
+        ratios = []
+        for t in regime["targets"]:
+            r = t["strategies"].get(name, {}).get("vs_pilot_commit", {}).get("rollouts")
+            if r is None:
+                continue
+            if r["status"] == "reference_only" or (r["ratio"] is not None and r["ratio"] > 1):
+                wins += 1
+            elif r["status"] == "other_only" or (r["ratio"] is not None and r["ratio"] < 1):
+                losses += 1
+            if r["ratio"] is not None:
+                ratios.append(r["ratio"])
+        if wins + losses:
+            span = f" ({min(ratios):.2f}x-{max(ratios):.2f}x)" if ratios else ""
+            parts.append(f"vs {name}: PC needs fewer rollouts at {wins}/{len(regime['targets'])} targets, more at {losses}{span}")
+    return "; ".join(parts) or "no comparison (no targets, or Pilot-Commit not among the runs)"
+
+
+def _overview(summary: dict[str, Any]) -> list[str]:
+    lines = ["| task | z (GRPO, step 1) | start accuracy | targets | verdict |", "|---|---|---|---|---|"]
+    for name, reg in summary["regimes"].items():
+        grpo = reg["strategies"].get("grpo", {})
+        targets = ", ".join(f"{t:.3f}" for t in reg["target_accuracies"]) or "none"
+        lines.append(f"| {name} | {_num(grpo.get('zero_variance_share_first_step'), '{:.2f}')} | {reg['start_accuracy']:.3f} | {targets} | {verdict(reg)} |")
+    return lines
+
+
+def _reach_table(reg: dict[str, Any], axis: str, fmt: str) -> list[str]:
+    names = list(reg["strategies"])
+    others = [n for n in names if n != REFERENCE]
+    head = ["target"] + names + [f"{n}/PC" for n in others if REFERENCE in names]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for frac, t in zip(reg["fractions"], reg["targets"]):
+        cells = [f"{t['accuracy']:.3f} ({100 * frac:.0f}%)"]
+        cells += [_reach_cell(t["strategies"][n][axis], fmt) for n in names]
+        if REFERENCE in names:
+            cells += [_ratio_cell(t["strategies"][n]["vs_pilot_commit"][axis]) for n in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+_ALLOCATION_COLUMNS = (
+    ("zero_variance_share_first_step", "zero-var share, step 1", "{:.2f}"),
+    ("zero_variance_share", "zero-var share (trained)", "{:.2f}"),
+    ("group_reward_var_mean", "group reward var", "{:.3f}"),
+    ("rollouts_per_step", "rollouts/step", "{:,.0f}"),
+    ("trained_share", "trained share", "{:.2f}"),
+    ("pilot_keep_rate", "pilot keep rate", "{:.2f}"),
+    ("prompts_evicted", "evicted", "{:,.0f}"),
+    ("buffer_age_evictions", "buffer age-outs", "{:,.0f}"),
+    ("partial_steps", "partial steps", "{:,.0f}"),
+    ("step_seconds", "s/step", "{:.2f}"),
+    ("validation_seconds", "s/validation", "{:.1f}"),
+    ("start_accuracy", "start acc", "{:.3f}"),
+    ("final_accuracy", "final acc", "{:.3f}"),
+    ("val_stderr", "val stderr", "{:.4f}"),
+)
+
+
+def _allocation_table(reg: dict[str, Any]) -> list[str]:
+    head = ["strategy", "seeds"] + [label for _, label, _ in _ALLOCATION_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, f in reg["strategies"].items():
+        lines.append("| " + " | ".join([name, str(f["seeds"])] + [_num(f.get(k), fmt) for k, _, fmt in _ALLOCATION_COLUMNS]) + " |")
+    return lines
+
+
+def markdown(summary: dict[str, Any], sections: list[str]) -> str:
+    """The whole report."""
+    lines = ["# Rollouts to a target accuracy", "",
+             "Medians over seeds with [min-max] and (seeds reached / seeds); ratios are medians of the other strategy over "
+             "Pilot-Commit's, with the per-seed range: above 1, Pilot-Commit needed less. Conventions: docs/benchmarks.md.", ""]  # fmt: skip
+    lines += _overview(summary)
+    for name, reg in summary["regimes"].items():
+        gains = ", ".join(f"{n} {g:+.3f}" for n, g in reg["final_gain"].items())
+        lines += ["", f"## {name}", "", f"Start accuracy {reg['start_accuracy']:.3f}; final gains {gains}."]
+        if reg["strategies_without_gain"]:
+            lines.append(f"No gain (targets set by the others): {', '.join(reg['strategies_without_gain'])}.")
+        if not reg["targets"]:
+            lines += ["", "No strategy improved on the start accuracy: no targets."]
+        else:
+            lines += ["", "Rollouts generated to reach each target:", ""] + _reach_table(reg, "rollouts", "{:,.0f}")
+            lines += ["", "Training seconds (validation excluded) to reach each target:", ""] + _reach_table(reg, "seconds", "{:,.0f}")
+        lines += ["", "Allocation (means over seeds and steps; counts at the end of the run):", ""] + _allocation_table(reg)
+    plots = summary.get("plots", {})
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{name}]({name})" for name in plots]
+    for block in sections:
+        lines += ["", block.rstrip()]
+    return "\n".join(lines) + "\n"

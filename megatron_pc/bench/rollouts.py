@@ -1,0 +1,291 @@
+"""``megatron-pc bench rollouts``: rollouts (and seconds) each strategy needs to reach fixed
+validation accuracies, per task regime, over seeds: the paper's headline measurement.
+
+For each regime (:mod:`megatron_pc.bench.regimes`) and seed it trains pilot_commit, grpo and
+dapo from the same start model, each a normal run directory ``OUT/REGIME/STRATEGY/seed_K``
+(``megatron-pc train``; an interrupted benchmark resumes: finished runs are skipped, partial
+ones continue from their checkpoint). All runs of a regime validate on one fixed set of
+``--val-size`` prompts (OUT/REGIME/validation.jsonl) every ``--validate-every`` steps.
+
+Beside the runs, per regime:
+* calibration: the start model's per-prompt success rates (16 samples at temperature 1) on
+  validation prompts give the regime's zero-variance share z before any training;
+* ablations: GRPO with as many informative groups per step as Pilot-Commit trains
+  (``grpo_matched``: train batch / (1 - z)), and Pilot-Commit with a pilot batch sized to the
+  survivors a step needs (``pc_sized``: train batch / predicted keep rate, not 3x);
+* the simulator (``megatron-pc simulate``) calibrated to the measured success rates, its
+  predicted ratios beside the measured ones.
+
+Then OUT/report.md, OUT/summary.json and the PNGs (:mod:`megatron_pc.bench.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megatron_pc.bench.regimes import DEFAULT_REGIMES, REGIMES, Regime, parse_regimes
+from megatron_pc.bench.report import Run, load_run, parse_fractions, validation_seconds, write_report
+from megatron_pc.bench.rollouts_calibration import calibrate, simulate_regime
+from megatron_pc.bench.step import STRATEGIES, run_strategy
+from megatron_pc.errors import MegatronPCError
+
+ABLATIONS = ("grpo_matched", "pc_sized")
+DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
+VALIDATION_SEED = 20_260_526
+"""Seed of every regime's fixed validation set (not a run seed: the set is shared by all runs)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run of the benchmark."""
+
+    regime: Regime
+    label: str
+    """``pilot_commit``, ``grpo``, ``dapo`` or an ablation name."""
+    strategy: str
+    seed: int
+    overrides: tuple[str, ...]
+    run_dir: Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megatron-pc bench rollouts", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="experiment YAML (default: the tiny CPU run)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides for every run, e.g. training.lr=1e-4")
+    parser.add_argument("--regimes", default=",".join(DEFAULT_REGIMES), help="comma-separated, from " + ", ".join(REGIMES))
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated, from " + ", ".join(STRATEGIES))
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per regime and strategy (0..N-1)")
+    parser.add_argument("--steps", type=int, default=150, help="training steps per run")
+    parser.add_argument("--validate-every", type=int, default=5, help="validation every K steps")
+    parser.add_argument("--val-size", type=int, default=1000, help="prompts in each regime's fixed validation set")
+    parser.add_argument("--train-size", type=int, default=20_000, help="training prompts per run")
+    parser.add_argument("--ablations", default=",".join(ABLATIONS), help=f"comma-separated from {', '.join(ABLATIONS)}, or none")
+    parser.add_argument("--calibration-prompts", type=int, default=500, help="validation prompts the start model is measured on")
+    parser.add_argument("--no-simulate", action="store_true", help="skip the calibrated simulator")
+    parser.add_argument("--target-fractions", default="0.25,0.5,0.75", help="targets as shares of the smallest final gain")
+    parser.add_argument("--out", default="runs/bench_rollouts", help="benchmark directory (runs, report.md, summary.json, PNGs)")
+    return parser
+
+
+def _check_args(args: argparse.Namespace) -> tuple[list[Regime], list[str], list[str]]:
+    if "=" in args.config:  # the CONFIG argument left out: the first word is an override
+        args.config, args.overrides = DEFAULT_CONFIG, [args.config, *args.overrides]
+    regimes = parse_regimes(args.regimes)
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise MegatronPCError(f"--strategies: unknown {unknown or 'none given'}; choose from {', '.join(STRATEGIES)}")
+    ablations = [] if args.ablations.strip() == "none" else [a.strip() for a in args.ablations.split(",") if a.strip()]
+    bad = [a for a in ablations if a not in ABLATIONS]
+    if bad:
+        raise MegatronPCError(f"--ablations: unknown {bad}; choose from {', '.join(ABLATIONS)}, or none")
+    for name in ("seeds", "steps", "validate_every", "val_size", "train_size", "calibration_prompts"):
+        if getattr(args, name) < 1:
+            raise MegatronPCError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    return regimes, strategies, ablations
+
+
+def _base_overrides(args: argparse.Namespace, regime: Regime, validation: Path) -> list[str]:
+    """Overrides of every run of a regime. The user's come after the benchmark's defaults and
+    before what defines the regime and the comparison (data, validation), which they cannot change."""
+    # A step that runs out of rounds trains on what it has (counted as partial_steps) rather than
+    # ending a long benchmark; the same rule for every strategy.
+    defaults = ["allocation.on_round_limit=train_partial", "logging.tensorboard=false"]
+    fixed = [f"data.source={regime.source}", f"data.train_size={args.train_size}", f"data.validation={validation}",
+             f"training.validate_every={args.validate_every}"]  # fmt: skip
+    return [*defaults, *args.overrides, *fixed]
+
+
+def write_validation_set(regime: Regime, size: int, path: Path) -> None:
+    """The regime's fixed validation prompts; an existing file must hold exactly the same set."""
+    from megatron_pc.data.builtin import BUILTIN_SOURCES
+
+    records = BUILTIN_SOURCES[regime.source.removeprefix("builtin:")](size, VALIDATION_SEED)
+    text = "".join(json.dumps(r.to_row(), ensure_ascii=False) + "\n" for r in records)
+    if path.exists():
+        if path.read_text() != text:
+            raise MegatronPCError(f"{path} holds a different validation set (another --val-size?); use another --out")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def finished_steps(run_dir: Path) -> int:
+    """Steps of the run that are done and checkpointed (0 when nothing is)."""
+    from megatron_pc.training.run_checkpoints import CheckpointManager
+
+    latest = CheckpointManager(run_dir).latest() if (run_dir / "checkpoints").is_dir() else None
+    return latest[0] if latest else 0
+
+
+class Progress:
+    """One line per run: which run, steps done, seconds."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def line(self, job: Job, steps: int, wanted: int, seconds: float, note: str) -> None:
+        """Report a run that ended (or was found finished)."""
+        self.done += 1
+        print(f"bench rollouts [{self.done}/{self.total}] {job.regime.name} {job.label} seed {job.seed}: {steps}/{wanted} steps, "
+              f"{seconds:,.0f} s ({note}); benchmark elapsed {time.perf_counter() - self.start:,.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def run_job(config: str, job: Job, steps: int, progress: Progress) -> dict[str, float] | None:
+    """Train (or resume) one run to ``steps``: its wall seconds in this call and the step it
+    started from (None: it was finished)."""
+    before = finished_steps(job.run_dir)
+    if before >= steps:
+        progress.line(job, before, steps, 0.0, "already finished")
+        return None
+    overrides = [*job.overrides, f"seed={job.seed}"]
+    wall = run_strategy(config, job.strategy, overrides, steps, job.run_dir)
+    progress.line(job, finished_steps(job.run_dir), steps, wall, f"resumed at step {before}" if before else "trained")
+    return {"wall_seconds": wall, "from_step": before}
+
+
+def startup_seconds(run: Run, wall: dict[str, float]) -> float | None:
+    """Seconds of a run trained from scratch in this call outside its steps: start-up (Ray,
+    workers, engines), the step-0 validation and shutdown."""
+    if wall["from_step"]:
+        return None
+    first_validation = validation_seconds(run.rows) or 0.0  # step 0's validation is counted with the others
+    return wall["wall_seconds"] - sum(r.get("time_total") or 0.0 for r in run.steps) - first_validation
+
+
+def estimate_seconds(summary: dict[str, Any], startup: float, steps: int, seeds: int, validate_every: int, val_scale: float) -> dict[str, float]:
+    """Seconds a benchmark of ``steps`` x ``seeds`` per strategy and regime would take, from the
+    measured seconds per step, per validation (scaled by ``val_scale``) and per start-up."""
+    out: dict[str, float] = {}
+    for name, reg in summary["regimes"].items():
+        total = 0.0
+        for figures in reg["strategies"].values():
+            validations = 1 + steps // validate_every + (steps % validate_every != 0)  # step 0, every K, the last
+            per_run = steps * (figures["step_seconds"] or 0.0) + validations * (figures["validation_seconds"] or 0.0) * val_scale + startup
+            total += seeds * per_run
+        out[name] = total
+    out["total"] = sum(out.values())
+    return out
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write its report; stopped (SIGINT, SIGTERM), it resumes when run again."""
+    args = _parser().parse_args(argv)
+    # SIGTERM as Ctrl-C: the running `megatron-pc train` is stopped with us rather than left
+    # writing into its run directory; its last checkpoint is where the next call resumes.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _bench(args)
+    except KeyboardInterrupt:
+        print(f"bench rollouts: interrupted; run the same command to resume ({args.out})", file=sys.stderr)
+        return 130
+
+
+def _bench(args: argparse.Namespace) -> int:
+    regimes, strategies, ablations = _check_args(args)
+    fractions = parse_fractions(args.target_fractions)
+    from megatron_pc.config import load_config
+
+    out = Path(args.out).resolve()
+    for regime in regimes:  # refuse a bad config before any run starts
+        for strategy in strategies:
+            load_config(args.config, [*_base_overrides(args, regime, out / "v.jsonl"), f"allocation.strategy={strategy}"])
+    progress = Progress(len(regimes) * args.seeds * (len(strategies) + len(ablations)))
+    runs: list[Run] = []
+    extra: dict[str, Any] = {"bench": {k: v for k, v in vars(args).items()}, "calibration": {}, "ablations": {}, "simulator": {},
+                             "wall_seconds": {}}  # fmt: skip
+    for regime in regimes:
+        validation = out / regime.name / "validation.jsonl"
+        write_validation_set(regime, args.val_size, validation)
+        base = _base_overrides(args, regime, validation)
+        cfg = load_config(args.config, base)
+        calibration = calibrate(cfg, validation, args.calibration_prompts, out / regime.name / "success_rates.json")
+        extra["calibration"][regime.name] = {k: v for k, v in calibration.items() if k != "rates"}
+        jobs = [Job(regime, s, s, seed, (*base, f"allocation.strategy={s}"), out / regime.name / s / f"seed_{seed}")
+                for seed in range(args.seeds) for s in strategies]  # fmt: skip
+        sized = ablation_jobs(cfg, regime, ablations, calibration, base, out, args.seeds)
+        extra["ablations"][regime.name] = sized["settings"]
+        for job in jobs + sized["jobs"]:
+            wall = run_job(args.config, job, args.steps, progress)
+            runs.append(load_run(job.run_dir, regime=regime.name, strategy=job.label, seed=job.seed))
+            if wall is not None:
+                extra["wall_seconds"][str(job.run_dir.relative_to(out))] = {**wall, "startup_seconds": startup_seconds(runs[-1], wall)}
+    sections = []
+    if not args.no_simulate:
+        sections.append(_simulate_all(args, regimes, runs, fractions, extra))
+    sections.append(_timing_section(args, runs, fractions, extra))
+    summary = write_report(runs, out, fractions=fractions, extra=extra, sections=sections)
+    print(f"bench rollouts: {out / 'report.md'}, {out / 'summary.json'}; plots: {', '.join(summary['plots'])}")
+    return 0
+
+
+def _timing_section(args: argparse.Namespace, runs: list[Run], fractions: tuple[float, ...], extra: dict[str, Any]) -> str:
+    """Measured seconds per step / validation / start-up, and what the full benchmark would take."""
+    from megatron_pc.bench.report import summarize
+
+    starts = [w["startup_seconds"] for w in extra["wall_seconds"].values() if w.get("startup_seconds") is not None]
+    startup = statistics.median(starts) if starts else 0.0
+    summary = summarize(runs, fractions)
+    full = {"steps": 150, "seeds": 3, "validate_every": 5, "val_size": 1000}
+    scale = full["val_size"] / args.val_size
+    extra["estimate_seconds"] = {
+        "this_benchmark": estimate_seconds(summary, startup, args.steps, args.seeds, args.validate_every, 1.0),
+        "full_benchmark": {**full, **estimate_seconds(summary, startup, full["steps"], full["seeds"], full["validate_every"], scale)},
+        "startup_seconds": startup,
+    }
+    lines = ["## Time", "", "| regime | strategy | s/step | s/validation | |", "|---|---|---|---|---|"]
+    for name, reg in summary["regimes"].items():
+        for label, f in reg["strategies"].items():
+            lines.append(f"| {name} | {label} | {f['step_seconds'] or 0:.2f} | {f['validation_seconds'] or 0:.1f} | |")
+    est = extra["estimate_seconds"]["full_benchmark"]
+    lines += ["", f"Start-up per run (Ray, workers, engines, step-0 validation): {startup:.0f} s (median). At these rates the full "
+              f"benchmark ({full['steps']} steps, {full['seeds']} seeds, validation of {full['val_size']} prompts every "
+              f"{full['validate_every']} steps, these strategies) would take about {est['total'] / 3600:.1f} h on this machine."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def ablation_jobs(cfg: Any, regime: Regime, ablations: list[str], calibration: dict[str, Any], base: list[str], out: Path,
+                  seeds: int) -> dict[str, Any]:  # fmt: skip
+    """The ablation runs of a regime, sized from its calibration."""
+    from megatron_pc.bench.rollouts_calibration import matched_grpo_batch, sized_pilot_batch
+
+    a = cfg.allocation
+    settings: dict[str, Any] = {}
+    if "grpo_matched" in ablations:
+        batch = matched_grpo_batch(a.train_batch, calibration["z"], a.n, cfg.rollout.engines)
+        settings["grpo_matched"] = {"strategy": "grpo", "overrides": [f"allocation.train_batch={batch}", f"allocation.dapo_batch={batch}",
+                                                                     f"training.mini_batch={batch}"]}  # fmt: skip
+    if "pc_sized" in ablations:
+        batch = sized_pilot_batch(a.train_batch, calibration["keep_rate"], a.pilot.n, cfg.rollout.engines)
+        settings["pc_sized"] = {"strategy": "pilot_commit", "overrides": [f"allocation.pilot.batch={batch}"]}
+    jobs = [Job(regime, name, s["strategy"], seed, (*base, f"allocation.strategy={s['strategy']}", *s["overrides"]),
+                out / regime.name / name / f"seed_{seed}")
+            for seed in range(seeds) for name, s in settings.items()]  # fmt: skip
+    return {"settings": settings, "jobs": jobs}
+
+
+def _simulate_all(args: argparse.Namespace, regimes: list[Regime], runs: list[Run], fractions: tuple[float, ...], extra: dict[str, Any]) -> str:
+    """The calibrated simulator per regime; its figures go to ``extra``, a markdown section is returned."""
+    from megatron_pc.bench.report import summarize
+    from megatron_pc.bench.rollouts_calibration import simulator_section
+
+    measured = summarize([r for r in runs if r.strategy in STRATEGIES], fractions)["regimes"]
+    out = Path(args.out).resolve()
+    for regime in regimes:
+        rates_path = out / regime.name / "success_rates.json"
+        extra["simulator"][regime.name] = simulate_regime(args, regime, rates_path, measured[regime.name], fractions)
+    return simulator_section(extra["simulator"], measured)

@@ -1,0 +1,99 @@
+"""`megatron-pc bench rollouts`, reduced: one regime, one seed, the three strategies, 3 steps,
+end to end through `megatron-pc train`; then the report, the summary and the plots; then a
+second call that finds every run finished."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+SMALL = [
+    "allocation.train_batch=8",
+    "allocation.pilot.batch=24",
+    "allocation.dapo_batch=8",
+    "training.mini_batch=8",
+    "training.val_samples=2",
+    "allocation.on_round_limit=train_partial",
+    "logging.progress=false",
+]
+FLAGS = ["--regimes", "paper_like", "--seeds", "1", "--steps", "3", "--validate-every", "1", "--val-size", "48",
+         "--train-size", "400", "--ablations", "none", "--calibration-prompts", "24"]  # fmt: skip
+
+
+def _bench(out: Path, model: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "megatron_pc", "bench", "rollouts", "configs/tiny_cpu.yaml", *SMALL, f"model.path={model}", *FLAGS, "--out", str(out)]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=850)
+
+
+def _is_png(path: Path) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG", path
+        return image.size
+
+
+def test_reduced_benchmark_writes_report_summary_and_plots_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    proc = _bench(out, tiny_model_dir)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("bench rollouts [")]
+    assert len(progress) == 3 and all("paper_like" in p and "3/3 steps" in p and "(trained)" in p for p in progress)
+
+    summary = json.loads((out / "summary.json").read_text())
+    regime = summary["regimes"]["paper_like"]
+    assert list(regime["strategies"]) == ["pilot_commit", "grpo", "dapo"]
+    for name, figures in regime["strategies"].items():
+        rows = [json.loads(line) for line in (out / "paper_like" / name / "seed_0" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [0, 1, 2, 3]
+        assert figures["steps"] == 3 and figures["rollouts"] == rows[-1]["cum_generated"]
+        assert 0 <= figures["zero_variance_share"] <= 1 and figures["step_seconds"] > 0
+        accuracy = rows[-1]["val_accuracy"]
+        assert figures["val_stderr"] == pytest.approx((accuracy * (1 - accuracy) / (48 * 2)) ** 0.5)  # binomial
+    assert regime["strategies"]["pilot_commit"]["pilot_keep_rate"] is not None
+    assert regime["strategies"]["grpo"]["pilot_keep_rate"] is None
+    report = (out / "report.md").read_text()
+    # Three steps of the barely warmed-up test model may gain nothing: then there is no target.
+    assert len(regime["targets"]) == len(regime["target_accuracies"]) == len(regime["fractions"])
+    if regime["targets"]:
+        assert "| target | pilot_commit | grpo | dapo | grpo/PC | dapo/PC |" in report
+        for target in regime["targets"]:
+            assert set(target["strategies"]) == {"pilot_commit", "grpo", "dapo"}
+            assert set(target["strategies"]["grpo"]["vs_pilot_commit"]) == {"rollouts", "seconds"}
+    else:
+        assert "No strategy improved on the start accuracy: no targets." in report
+    calibration = summary["calibration"]["paper_like"]
+    assert calibration["prompts"] == 24 and 0 <= calibration["z"] <= 1
+    assert set(summary["simulator"]["paper_like"]) >= {"ratios", "command", "lr"}
+
+    assert "## paper_like" in report and "## The simulator beside the measurement" in report
+    assert "| pilot_commit | 1 |" in report
+    panels = {"accuracy_vs_rollouts.png": 1, "zero_variance.png": 2, "ratios.png": 2}
+    assert {name: len(titles) for name, titles in summary["plots"].items()} == panels
+    for name in panels:
+        width, height = _is_png(out / name)
+        assert width >= 400 and height >= 300
+        assert f"]({name})" in report
+
+    again = _bench(out, tiny_model_dir)
+    assert again.returncode == 0, again.stderr[-6000:]
+    assert sum("already finished" in line for line in again.stderr.splitlines()) == 3
+    assert "training into" not in again.stderr
+    assert json.loads((out / "summary.json").read_text())["regimes"]["paper_like"]["strategies"] == regime["strategies"]
+
+
+def test_unknown_regime_and_bad_sizes_are_refused_before_any_run(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "megatron_pc", "bench", "rollouts", "--out", str(tmp_path / "b")]
+    proc = subprocess.run([*base, "--regimes", "mixed,trivial"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--regimes: unknown regime 'trivial'; known: mixed, paper_like, hard, default" in proc.stderr
+    proc = subprocess.run([*base, "--seeds", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--seeds: must be >= 1, got 0" in proc.stderr
+    assert not (tmp_path / "b").exists()

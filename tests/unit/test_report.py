@@ -1,0 +1,233 @@
+"""The rollouts report on synthetic metrics rows (no training): targets, reaching them, ratios,
+spread over seeds, training seconds, the benchmark's regimes and sizes, and the clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megatron_pc.bench.regimes import REGIMES, parse_regimes
+from megatron_pc.bench.report import Point, Run, choose_targets, compare, first_reach, load_run, ratio, spread, step_train_seconds
+from megatron_pc.bench.rollouts_calibration import matched_grpo_batch, predicted_keep_rate, sized_pilot_batch, zero_variance_share
+from megatron_pc.cli import main
+from megatron_pc.data.arithmetic import MIXES, Cell, Mix, mix_prompts
+from megatron_pc.data.builtin import BUILTIN_SOURCES
+from megatron_pc.errors import DataError, MegatronPCError
+
+
+def _rows(accuracies: list[float], per_step: int = 100, every: int = 5, step_s: float = 1.0, val_s: float = 10.0) -> list[dict]:
+    """Metrics rows of a run validated at step 0 and every ``every`` steps with these accuracies."""
+    rows = [{"step": 0, "val_accuracy": accuracies[0]}]
+    for step in range(1, every * (len(accuracies) - 1) + 1):
+        row = {"step": step, "generated": per_step, "cum_generated": per_step * step, "time_generate": step_s * 0.6,
+               "time_update": step_s * 0.3, "time_total": step_s, "zero_variance_share": 0.5, "group_reward_var_mean": 0.1}  # fmt: skip
+        if step % every == 0:
+            row["val_accuracy"] = accuracies[step // every]
+            row["time_total"] += val_s
+        rows.append(row)
+    return rows
+
+
+def _run(strategy: str, accuracies: list[float], seed: int = 0, per_step: int = 100, regime: str = "mixed") -> Run:
+    return Run(regime, strategy, seed, Path(f"/runs/{strategy}/{seed}"), _rows(accuracies, per_step), val_prompts=1000, val_samples=4)
+
+
+def test_reaching_a_target_interpolates_rollouts_between_validations() -> None:
+    points = [Point(0, 0, 0, 0.40, None), Point(5, 500, 5, 0.44, None), Point(10, 1000, 10, 0.48, None)]
+    assert first_reach(points, 0.46, "rollouts") == pytest.approx(750)
+    assert first_reach(points, 0.44, "seconds") == 5
+    assert first_reach(points, 0.40, "rollouts") == 0
+    assert first_reach(points, 0.49, "rollouts") is None
+
+
+def test_first_reach_counts_the_first_crossing_even_if_accuracy_falls_again() -> None:
+    points = [Point(0, 0, 0, 0.40, None), Point(5, 500, 5, 0.50, None), Point(10, 1000, 10, 0.42, None)]
+    assert first_reach(points, 0.45, "rollouts") == pytest.approx(250)
+
+
+def test_targets_are_the_start_plus_fractions_of_the_smallest_final_gain() -> None:
+    runs = [_run("pilot_commit", [0.40, 0.45, 0.50, 0.50, 0.50]), _run("grpo", [0.40, 0.42, 0.44, 0.44, 0.44]),
+            _run("dapo", [0.40, 0.45, 0.48, 0.48, 0.48])]  # fmt: skip
+    chosen = choose_targets(runs)
+    assert chosen["start_accuracy"] == pytest.approx(0.40)
+    assert chosen["final_gain"] == pytest.approx({"pilot_commit": 0.10, "grpo": 0.04, "dapo": 0.08})
+    assert chosen["gain_used"] == pytest.approx(0.04)
+    assert chosen["target_accuracies"] == pytest.approx([0.41, 0.42, 0.43])
+
+
+def test_a_strategy_that_never_improves_does_not_set_the_targets_and_ablations_never_do() -> None:
+    runs = [_run("pilot_commit", [0.40, 0.50, 0.50, 0.50]), _run("grpo", [0.40, 0.38, 0.39, 0.39]),
+            _run("grpo_matched", [0.40, 0.41, 0.41, 0.41])]  # fmt: skip
+    chosen = choose_targets(runs, fractions=(0.5,))
+    assert chosen["strategies_without_gain"] == ["grpo"]
+    assert chosen["target_accuracies"] == pytest.approx([0.45])
+    flat = [_run("pilot_commit", [0.4, 0.4, 0.4]), _run("grpo", [0.4, 0.39, 0.39])]
+    assert choose_targets(flat)["target_accuracies"] == []
+
+
+def test_spread_over_seeds_counts_a_miss_as_infinitely_slow() -> None:
+    s = spread({0: 300.0, 1: None, 2: 100.0})
+    assert s == {"median": 300.0, "min": 100.0, "max": 300.0, "reached": 2, "runs": 3, "per_seed": {"0": 300.0, "1": None, "2": 100.0}}
+    assert spread({0: None, 1: None, 2: 100.0})["median"] is None
+    assert spread({0: 200.0, 1: 100.0})["median"] == 150.0
+
+
+def test_ratio_is_other_over_pilot_commit_of_the_medians_with_the_per_seed_range() -> None:
+    pc, grpo = spread({0: 100.0, 1: 200.0, 2: 300.0}), spread({0: 150.0, 1: 500.0, 2: 300.0})
+    r = ratio(grpo, pc)
+    assert r["ratio"] == pytest.approx(300 / 200) and r["status"] == "both"
+    assert (r["seed_min"], r["seed_max"]) == pytest.approx((1.0, 2.5))
+    assert ratio(spread({0: None}), spread({0: 100.0}))["status"] == "reference_only"
+    assert ratio(spread({0: 100.0}), spread({0: None}))["status"] == "other_only"
+    assert ratio(spread({0: None}), spread({0: None}))["ratio"] is None
+    # Only the seeds both ran are paired: an ablation with one seed is compared on that seed.
+    assert ratio(spread({1: 400.0}), pc)["seed_min"] == pytest.approx(2.0)
+
+
+def test_compare_counts_rollouts_and_seconds_per_target_for_each_seed() -> None:
+    # PC gains 0.02 per validation at 150 rollouts/step, GRPO 0.01 at 100: GRPO needs 2x the
+    # validations, 1.33x the rollouts; seconds follow the steps (1 s each, validation excluded).
+    runs = [_run("pilot_commit", [0.40, 0.42, 0.44, 0.46, 0.48], seed=s, per_step=150) for s in (0, 1)]
+    runs += [_run("grpo", [0.40, 0.41, 0.42, 0.43, 0.44], seed=s) for s in (0, 1)]
+    result = compare(runs, [0.44])
+    assert result["seeds"] == [0, 1]
+    target = result["targets"][0]["strategies"]
+    assert target["pilot_commit"]["rollouts"]["median"] == pytest.approx(10 * 150)
+    assert target["grpo"]["rollouts"]["median"] == pytest.approx(20 * 100)
+    assert target["grpo"]["seconds"]["median"] == pytest.approx(20.0)
+    assert target["grpo"]["vs_pilot_commit"]["rollouts"]["ratio"] == pytest.approx(2000 / 1500)
+    assert target["grpo"]["vs_pilot_commit"]["seconds"]["ratio"] == pytest.approx(2.0)
+
+
+def test_training_seconds_leave_out_the_validation() -> None:
+    seconds = step_train_seconds(_rows([0.4, 0.5], step_s=2.0, val_s=30.0))
+    assert seconds == pytest.approx({s: 2.0 for s in range(1, 6)})
+    rows = _rows([0.4, 0.5])
+    rows[5]["time_validation"] = 7.0
+    assert step_train_seconds(rows)[5] == pytest.approx(1.0 + 10.0 - 7.0)
+
+
+def test_validation_stderr_comes_from_the_rows_or_is_binomial() -> None:
+    run = _run("grpo", [0.5, 0.6])
+    assert run.points[0].stderr == pytest.approx(math.sqrt(0.25 / 4000))
+    rows = _rows([0.5, 0.6])
+    rows[0]["val_accuracy_stderr"] = 0.02
+    assert Run("mixed", "grpo", 0, Path("x"), rows).points[0].stderr == 0.02
+
+
+def test_a_run_without_validation_rows_is_refused_by_name(tmp_path: Path) -> None:
+    rows = [r for r in _rows([0.4, 0.5]) if "val_accuracy" not in r]
+    with pytest.raises(MegatronPCError, match=r"/runs/x: metrics.jsonl has no validation rows"):
+        Run("mixed", "grpo", 0, Path("/runs/x"), rows)
+
+
+def _write_run(path: Path, strategy: str, seed: int, accuracies: list[float], source: str = "builtin:arithmetic_hard") -> Path:
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(accuracies)))
+    cfg = {"seed": seed, "allocation": {"strategy": strategy}, "data": {"source": source, "validation_size": 200},
+           "training": {"val_samples": 2}}  # fmt: skip
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_load_run_takes_labels_from_the_run_config(tmp_path: Path) -> None:
+    run = load_run(_write_run(tmp_path / "a" / "seed_3", "dapo", 3, [0.3, 0.4]))
+    assert (run.regime, run.strategy, run.seed, run.val_prompts, run.val_samples) == ("hard", "dapo", 3, 200, 2)
+    assert load_run(tmp_path / "a" / "seed_3", label_by="dir").strategy == "a"
+
+
+def test_report_command_writes_report_summary_and_three_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dirs = [str(_write_run(tmp_path / s / f"seed_{k}", s, k, [0.30, 0.32 + 0.01 * k, 0.36 if s == "pilot_commit" else 0.33]))
+            for s in ("pilot_commit", "grpo") for k in (0, 1)]  # fmt: skip
+    assert main(["report", *dirs, "--out", str(tmp_path / "rep")]) == 0
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert list(summary["regimes"]) == ["hard"]
+    assert len(summary["regimes"]["hard"]["targets"]) == 3
+    assert summary["plots"]["accuracy_vs_rollouts.png"] == ["hard: validation accuracy vs rollouts"]
+    assert len(summary["plots"]["zero_variance.png"]) == 2 and len(summary["plots"]["ratios.png"]) == 2
+    for name in summary["plots"]:
+        assert (tmp_path / "rep" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "## hard" in report and "grpo/PC" in report
+    assert "report.md" in capsys.readouterr().out
+
+
+def test_report_names_a_missing_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert f"run directory {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "holds no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_report_refuses_two_runs_it_cannot_tell_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _write_run(tmp_path / "a" / "seed_0", "grpo", 0, [0.3, 0.4])
+    b = _write_run(tmp_path / "b" / "seed_0", "grpo", 0, [0.3, 0.4])
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert "are both grpo, seed 0, on hard" in err and "--label-by dir" in err
+
+
+def test_unknown_regime_is_refused_before_any_run(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(MegatronPCError, match="--regimes: unknown regime 'easy'; known: mixed, paper_like, hard, default"):
+        parse_regimes("mixed,easy")
+    assert main(["bench", "rollouts", "--regimes", "medium", "--out", "/nonexistent/x"]) == 2
+    assert "unknown regime 'medium'" in capsys.readouterr().err
+
+
+# ---- regimes and the ablations' sizes -----------------------------------------------------------
+
+
+def test_every_regime_is_a_registered_builtin_source() -> None:
+    assert list(REGIMES) == ["mixed", "paper_like", "hard", "default"]
+    for regime in REGIMES.values():
+        assert regime.source.removeprefix("builtin:") in BUILTIN_SOURCES
+
+
+def test_a_mix_gives_each_cell_its_exact_share_of_distinct_correct_prompts() -> None:
+    mix = Mix("t", "test", ((Cell("+", 1, 2), 1.0), (Cell("*", 2, 1), 2.0), (Cell("-", 3, 3), 1.0)))
+    records = mix_prompts(mix, 401, seed=5)
+    assert records == mix_prompts(mix, 401, seed=5) and records != mix_prompts(mix, 401, seed=6)
+    assert len({r.id for r in records}) == 401
+    shapes = Counter()
+    for r in records:
+        a, op, b = re.fullmatch(r"(\d+)([-+*])(\d+)=", r.prompt).groups()
+        assert r.answer == str({"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op])
+        shapes[(op, len(a), len(b))] += 1
+    assert shapes == {("+", 1, 2): 100, ("*", 2, 1): 201, ("-", 3, 3): 100}
+
+
+def test_a_cell_too_small_for_its_share_is_a_clear_error() -> None:
+    mix = Mix("tiny", "test", ((Cell("+", 1, 1), 1.0), (Cell("+", 4, 4), 1.0)))
+    with pytest.raises(DataError, match=r"builtin:tiny: cell d\+d holds 100 distinct prompts but its share of 400 prompts is 200"):
+        mix_prompts(mix, 400, seed=0)
+
+
+@pytest.mark.parametrize("name", sorted(MIXES))
+def test_regime_mixes_hold_the_benchmark_pool(name: str) -> None:
+    records = BUILTIN_SOURCES[name](21_000, 1)
+    assert len({r.prompt for r in records}) == 21_000
+
+
+def test_ablation_sizes_follow_the_measured_share_and_keep_rate() -> None:
+    assert matched_grpo_batch(32, 0.0, 16, 1) == 32
+    assert matched_grpo_batch(32, 0.6, 16, 1) == 80
+    assert matched_grpo_batch(32, 0.999, 16, 1) == 256  # capped at 8 train batches
+    assert matched_grpo_batch(32, 0.5, 3, 2) == 64  # rounded so 3 x batch divides over 2 engines
+    assert sized_pilot_batch(32, 0.38, 4, 1) == 85
+    assert sized_pilot_batch(32, 0.38, 4, 8) == 86
+
+
+def test_predicted_keep_rate_and_zero_variance_share_from_measured_rates() -> None:
+    assert zero_variance_share([0.0, 1.0, 0.5, 0.25]) == 0.5
+    # 4 pilots, band [0.125, 0.75]: 1-3 successes keep the prompt.
+    half = predicted_keep_rate([0.5], 16, 4, 0.125, 0.75)
+    assert 0.8 < half < 1 - 2 * 0.5**4 + 0.01
+    assert predicted_keep_rate([0.0], 16, 4, 0.125, 0.75) < 0.15
+    assert predicted_keep_rate([1.0], 16, 4, 0.125, 0.75) < 0.25
