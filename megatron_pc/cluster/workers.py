@@ -86,17 +86,10 @@ class MegatronRank:
     def _buckets(self, bucket_bytes: int, *, to_cpu: bool) -> Iterator[list[tuple[str, Any]]]:
         """HF-named full tensors in buckets of about ``bucket_bytes`` (collective; rank 0 yields)."""
         from megatron_pc.models.export import iter_hf_tensors
+        from megatron_pc.rollout.transport import buckets_by_layer
 
-        bucket: list[tuple[str, Any]] = []
-        size = 0
-        for name, tensor in iter_hf_tensors(self.worker.module, self.worker.arch):
-            bucket.append((name, tensor.detach().cpu().contiguous() if to_cpu else tensor.detach()))
-            size += tensor.numel() * tensor.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+        tensors = ((name, t.detach().cpu().contiguous() if to_cpu else t.detach()) for name, t in iter_hf_tensors(self.worker.module, self.worker.arch))
+        yield from buckets_by_layer(tensors, bucket_bytes)
 
     def export_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
         """Buckets of CPU tensors for the object store (collective; rank 0 yields).

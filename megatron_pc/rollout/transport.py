@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -90,6 +90,37 @@ def _parse_dtype(text: str, name: str) -> torch.dtype:
 
 
 # ---- bucket layout ------------------------------------------------------------------------
+def weight_unit(name: str) -> str:
+    """The part of the model an HF weight belongs to: its decoder layer (``model.layers.7``)
+    or, outside the layers, its module (``model.embed_tokens``)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part == "layers" and parts[i + 1].isdigit():
+            return ".".join(parts[: i + 2])
+    return ".".join(parts[:-1])
+
+
+def buckets_by_layer(named: Iterable[tuple[str, Any]], bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    """Buckets of about ``bucket_bytes`` (HF name, tensor) pairs that never split a decoder layer.
+
+    vLLM reloads each bucket as a whole-model reload: a fused module (qkv_proj, gate_up_proj)
+    that received only some of its weights in a call is processed with the rest uninitialised,
+    and the engine's log-probs turn to NaN (SmolLM2's 64 MB buckets cut layers in two). So a
+    bucket ends only where a new layer begins: it may exceed ``bucket_bytes`` by one layer.
+    ``named`` must list each layer's weights together (the Megatron export does).
+    """
+    bucket: list[tuple[str, Any]] = []
+    size = 0
+    for name, tensor in named:
+        if bucket and size >= bucket_bytes and weight_unit(name) != weight_unit(bucket[-1][0]):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+    if bucket:
+        yield bucket
+
+
 def bucket_meta(bucket: Bucket) -> list[TensorMeta]:
     """The metadata of a bucket, in bucket order."""
     return [TensorMeta(name, tuple(t.shape), str(t.dtype)) for name, t in bucket]

@@ -110,3 +110,24 @@ def test_config_refuses_cuda_ipc_in_split_placement_or_with_several_engines_or_e
         assert info.value.field == "rollout.weight_transport", str(info.value)
         assert words in str(info.value)
     assert load_config(None, ["rollout.weight_transport=broadcast", "cluster.placement=split"]).rollout.weight_transport == "broadcast"
+
+
+def test_buckets_never_split_a_decoder_layer_between_two_engine_reloads() -> None:
+    from megatron_pc.rollout.transport import buckets_by_layer, weight_unit
+
+    names = ["model.embed_tokens.weight"]
+    for layer in range(4):
+        names += [f"model.layers.{layer}.{w}.weight" for w in
+                  ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                   "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]  # fmt: skip
+    names += ["model.norm.weight", "lm_head.weight"]
+    named = [(n, torch.zeros(4)) for n in names]  # 16 bytes each
+    buckets = list(buckets_by_layer(named, bucket_bytes=40))  # smaller than one layer (144 bytes)
+    assert [n for b in buckets for n, _ in b] == names  # everything, once, in order
+    units = [{weight_unit(n) for n, _ in b} for b in buckets]
+    for a, b in zip(units, units[1:]):
+        assert not a & b, f"a unit is split between buckets: {a & b}"
+    assert len(buckets) >= 4  # one layer is over the size: the layers go in buckets of their own
+    assert len(list(buckets_by_layer(named, bucket_bytes=10**9))) == 1
+    assert weight_unit("model.layers.12.self_attn.qkv_proj.weight") == "model.layers.12"
+    assert weight_unit("lm_head.weight") == "lm_head"
