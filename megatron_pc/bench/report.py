@@ -11,7 +11,8 @@ Pilot-Commit. It writes DIR/report.md, DIR/summary.json and the PNG plots of
 
 Conventions (also in docs/benchmarks.md):
 * Start accuracy of a task: the mean step-0 validation accuracy of its runs (one start model).
-* Final accuracy of a run: the mean of its last ``FINAL_POINTS`` validations (less jitter than one).
+* Final accuracy of a run: the mean of its last ``FINAL_POINTS`` validations after step 0 (less
+  jitter than one).
 * Reaching a target: the first validation at or above it, the rollouts (and seconds) linearly
   interpolated from the validation before it, so a check every 5 steps does not round to 5 steps.
 * Seconds are training seconds: each step's ``time_total`` without its validation (the
@@ -89,8 +90,10 @@ class Run:
 
     @property
     def final_accuracy(self) -> float:
-        """Mean accuracy of the last FINAL_POINTS validations."""
-        return statistics.fmean(p.accuracy for p in self.points[-FINAL_POINTS:])
+        """Mean accuracy of the last FINAL_POINTS validations after training began (the start
+        accuracy only for a run that has none)."""
+        trained = [p for p in self.points if p.step > 0] or self.points
+        return statistics.fmean(p.accuracy for p in trained[-FINAL_POINTS:])
 
 
 def step_train_seconds(rows: list[dict[str, Any]]) -> dict[int, float]:

@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from megatron_pc.bench.report import REFERENCE, Run
+from megatron_pc.bench.report import MAIN_STRATEGIES, REFERENCE, Run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -44,6 +44,11 @@ def _color(name: str, i: int) -> str:
     return _COLORS.get(name, f"C{i % 10}")
 
 
+def _style(name: str) -> str:
+    """Solid lines for the compared strategies, dashed for ablations and other labels."""
+    return "-" if name in MAIN_STRATEGIES else "--"
+
+
 def _by_strategy(runs: list[Run]) -> dict[str, list[Run]]:
     out: dict[str, list[Run]] = {}
     for r in runs:
@@ -59,7 +64,7 @@ def _accuracy_panel(ax: "Axes", runs: list[Run], targets: list[float]) -> None:
         grid = np.linspace(0.0, span, 60) if span > 0 else np.zeros(1)
         curves = np.array([np.interp(grid, [p.rollouts for p in r.points], [p.accuracy for p in r.points]) for r in mine])
         color = _color(name, i)
-        ax.plot(grid, np.median(curves, axis=0), color=color, label=f"{name} ({len(mine)} seeds)")
+        ax.plot(grid, np.median(curves, axis=0), color=color, linestyle=_style(name), label=f"{name} ({len(mine)} seed{'s' * (len(mine) > 1)})")
         if len(mine) > 1:
             ax.fill_between(grid, curves.min(axis=0), curves.max(axis=0), color=color, alpha=0.2, linewidth=0)
     for t in targets:
@@ -77,7 +82,7 @@ def _per_step_panel(ax: "Axes", runs: list[Run], key: str, label: str) -> None:
                 if row.get(key) is not None:
                     values.setdefault(int(row["step"]), []).append(float(row[key]))
         steps = sorted(values)
-        ax.plot(steps, [statistics.median(values[s]) for s in steps], color=_color(name, i), label=name, linewidth=1)
+        ax.plot(steps, [statistics.median(values[s]) for s in steps], color=_color(name, i), linestyle=_style(name), label=name, linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel(label)
     ax.legend(fontsize=7)

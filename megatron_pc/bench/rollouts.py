@@ -76,8 +76,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_args(args: argparse.Namespace) -> tuple[list[Regime], list[str], list[str]]:
-    if "=" in args.config:  # the CONFIG argument left out: the first word is an override
-        args.config, args.overrides = DEFAULT_CONFIG, [args.config, *args.overrides]
+    from megatron_pc.config_cli import split_config_args
+
+    config, args.overrides = split_config_args(args.config, args.overrides)  # CONFIG may be left out
+    args.config = config or DEFAULT_CONFIG
     regimes = parse_regimes(args.regimes)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in STRATEGIES]
@@ -128,6 +130,22 @@ def finished_steps(run_dir: Path) -> int:
     return latest[0] if latest else 0
 
 
+def check_same_config(config: str, job: Job, overrides: list[str]) -> None:
+    """A finished run is reused only if it ran the configuration asked for now (by the rule a
+    resumed `megatron-pc train` applies: only steps, validation/save intervals, logging may differ)."""
+    import yaml
+
+    from megatron_pc.cluster.prepare import RESUMABLE_CHANGES, _flatten
+    from megatron_pc.config import load_config, to_dict
+
+    current = _flatten(to_dict(load_config(config, [*overrides, f"allocation.strategy={job.strategy}"])))
+    saved = _flatten(yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {})
+    changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k) and not k.startswith(RESUMABLE_CHANGES))
+    if changed:
+        details = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:5])
+        raise MegatronPCError(f"{job.run_dir} holds a finished run with another configuration ({details}); use another --out")
+
+
 class Progress:
     """One line per run: which run, steps done, seconds."""
 
@@ -145,18 +163,32 @@ def run_job(config: str, job: Job, steps: int, progress: Progress) -> dict[str, 
     """Train (or resume) one run to ``steps``: its wall seconds in this call and the step it
     started from (None: it was finished)."""
     before = finished_steps(job.run_dir)
+    overrides = [*job.overrides, f"seed={job.seed}"]
     if before >= steps:
+        check_same_config(config, job, overrides)
         progress.line(job, before, steps, 0.0, "already finished")
         return None
-    overrides = [*job.overrides, f"seed={job.seed}"]
     wall = run_strategy(config, job.strategy, overrides, steps, job.run_dir)
     progress.line(job, finished_steps(job.run_dir), steps, wall, f"resumed at step {before}" if before else "trained")
-    return {"wall_seconds": wall, "from_step": before}
+    record = {"wall_seconds": wall, "from_step": before}
+    # Kept beside the run so a later call (a resumed benchmark) still knows this call's cost.
+    _wall_path(job).write_text(json.dumps(record) + "\n")
+    return record
+
+
+def _wall_path(job: Job) -> Path:
+    return job.run_dir.parent / f"{job.run_dir.name}.wall.json"
+
+
+def read_wall(job: Job) -> dict[str, float] | None:
+    """The wall seconds of the call that last trained the run (None if unknown)."""
+    path = _wall_path(job)
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def startup_seconds(run: Run, wall: dict[str, float]) -> float | None:
-    """Seconds of a run trained from scratch in this call outside its steps: start-up (Ray,
-    workers, engines), the step-0 validation and shutdown."""
+    """Seconds of a run trained from scratch outside its steps and validations: start-up (Ray,
+    workers, engines) and shutdown."""
     if wall["from_step"]:
         return None
     first_validation = validation_seconds(run.rows) or 0.0  # step 0's validation is counted with the others
@@ -184,7 +216,7 @@ def _interrupt(signum: int, _frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write its report; stopped (SIGINT, SIGTERM), it resumes when run again."""
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)  # overrides may follow the options
     # SIGTERM as Ctrl-C: the running `megatron-pc train` is stopped with us rather than left
     # writing into its run directory; its last checkpoint is where the next call resumes.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -220,7 +252,7 @@ def _bench(args: argparse.Namespace) -> int:
         sized = ablation_jobs(cfg, regime, ablations, calibration, base, out, args.seeds)
         extra["ablations"][regime.name] = sized["settings"]
         for job in jobs + sized["jobs"]:
-            wall = run_job(args.config, job, args.steps, progress)
+            wall = run_job(args.config, job, args.steps, progress) or read_wall(job)
             runs.append(load_run(job.run_dir, regime=regime.name, strategy=job.label, seed=job.seed))
             if wall is not None:
                 extra["wall_seconds"][str(job.run_dir.relative_to(out))] = {**wall, "startup_seconds": startup_seconds(runs[-1], wall)}
@@ -239,22 +271,26 @@ def _timing_section(args: argparse.Namespace, runs: list[Run], fractions: tuple[
 
     starts = [w["startup_seconds"] for w in extra["wall_seconds"].values() if w.get("startup_seconds") is not None]
     startup = statistics.median(starts) if starts else 0.0
+    startup_text = f"{startup:.0f} s (median)" if starts else "unknown (no run here was trained from scratch), counted as 0"
     summary = summarize(runs, fractions)
     full = {"steps": 150, "seeds": 3, "validate_every": 5, "val_size": 1000}
     scale = full["val_size"] / args.val_size
+    main_only = summarize([r for r in runs if r.strategy in STRATEGIES], fractions)
     extra["estimate_seconds"] = {
         "this_benchmark": estimate_seconds(summary, startup, args.steps, args.seeds, args.validate_every, 1.0),
         "full_benchmark": {**full, **estimate_seconds(summary, startup, full["steps"], full["seeds"], full["validate_every"], scale)},
+        "full_benchmark_without_ablations": estimate_seconds(main_only, startup, full["steps"], full["seeds"], full["validate_every"], scale),
         "startup_seconds": startup,
     }
-    lines = ["## Time", "", "| regime | strategy | s/step | s/validation | |", "|---|---|---|---|---|"]
+    lines = ["## Time", "", "| regime | strategy | s/step (median) | s/validation | rollouts/step |", "|---|---|---|---|---|"]
     for name, reg in summary["regimes"].items():
         for label, f in reg["strategies"].items():
-            lines.append(f"| {name} | {label} | {f['step_seconds'] or 0:.2f} | {f['validation_seconds'] or 0:.1f} | |")
-    est = extra["estimate_seconds"]["full_benchmark"]
-    lines += ["", f"Start-up per run (Ray, workers, engines, step-0 validation): {startup:.0f} s (median). At these rates the full "
+            lines.append(f"| {name} | {label} | {f['step_seconds'] or 0:.2f} | {f['validation_seconds'] or 0:.1f} | {f['rollouts_per_step'] or 0:,.0f} |")
+    est = extra["estimate_seconds"]
+    lines += ["", f"Start-up per run (Ray, workers, engines; shutdown): {startup_text}. At these rates the full "
               f"benchmark ({full['steps']} steps, {full['seeds']} seeds, validation of {full['val_size']} prompts every "
-              f"{full['validate_every']} steps, these strategies) would take about {est['total'] / 3600:.1f} h on this machine."]  # fmt: skip
+              f"{full['validate_every']} steps, these regimes) would take about {est['full_benchmark']['total'] / 3600:.1f} h on this "
+              f"machine, {est['full_benchmark_without_ablations']['total'] / 3600:.1f} h without the ablations."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -267,8 +303,8 @@ def ablation_jobs(cfg: Any, regime: Regime, ablations: list[str], calibration: d
     settings: dict[str, Any] = {}
     if "grpo_matched" in ablations:
         batch = matched_grpo_batch(a.train_batch, calibration["z"], a.n, cfg.rollout.engines)
-        settings["grpo_matched"] = {"strategy": "grpo", "overrides": [f"allocation.train_batch={batch}", f"allocation.dapo_batch={batch}",
-                                                                     f"training.mini_batch={batch}"]}  # fmt: skip
+        # One optimizer update per step, as the others take: the same informative groups per update.
+        settings["grpo_matched"] = {"strategy": "grpo", "overrides": [f"allocation.train_batch={batch}", f"training.mini_batch={batch}"]}
     if "pc_sized" in ablations:
         batch = sized_pilot_batch(a.train_batch, calibration["keep_rate"], a.pilot.n, cfg.rollout.engines)
         settings["pc_sized"] = {"strategy": "pilot_commit", "overrides": [f"allocation.pilot.batch={batch}"]}

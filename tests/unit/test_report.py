@@ -231,3 +231,17 @@ def test_predicted_keep_rate_and_zero_variance_share_from_measured_rates() -> No
     assert 0.8 < half < 1 - 2 * 0.5**4 + 0.01
     assert predicted_keep_rate([0.0], 16, 4, 0.125, 0.75) < 0.15
     assert predicted_keep_rate([1.0], 16, 4, 0.125, 0.75) < 0.25
+
+
+def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path: Path) -> None:
+    from megatron_pc.bench.rollouts import Job, check_same_config
+    from megatron_pc.config import load_config, to_dict
+
+    run_dir = tmp_path / "paper_like" / "grpo" / "seed_0"
+    run_dir.mkdir(parents=True)
+    job = Job(REGIMES["paper_like"], "grpo", "grpo", 0, ("training.lr=1e-4",), run_dir)
+    saved = load_config(None, ["training.lr=1e-4", "allocation.strategy=grpo", "training.steps=150", f"run_dir={run_dir}"])
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(saved)))
+    check_same_config("configs/tiny_cpu.yaml", job, ["training.lr=1e-4", "training.steps=20"])  # steps may differ
+    with pytest.raises(MegatronPCError, match=r"holds a finished run with another configuration \(training.lr: 0.0001 -> 0.0002\)"):
+        check_same_config("configs/tiny_cpu.yaml", job, ["training.lr=2e-4"])
