@@ -300,7 +300,9 @@ def load_run(run_dir: str | Path, *, regime: str | None = None, strategy: str | 
     data, training = cfg.get("data", {}), cfg.get("training", {})
     if strategy is None:
         strategy = path.parent.name if label_by == "dir" else cfg.get("allocation", {}).get("strategy", path.name)
-    val_prompts = data.get("validation_size") if data.get("validation") is None else _count_lines(Path(data["validation"]))
+    validation = data.get("validation")
+    # Several validation sets write their own val_accuracy_stderr; one file is counted here.
+    val_prompts = data.get("validation_size") if validation is None else _count_lines(Path(validation)) if isinstance(validation, str) else None
     return Run(
         regime=regime or regime_label(str(data.get("source", "unknown"))),
         strategy=str(strategy),

@@ -140,6 +140,11 @@ def test_load_run_takes_labels_from_the_run_config(tmp_path: Path) -> None:
     run = load_run(_write_run(tmp_path / "a" / "seed_3", "dapo", 3, [0.3, 0.4]))
     assert (run.regime, run.strategy, run.seed, run.val_prompts, run.val_samples) == ("hard", "dapo", 3, 200, 2)
     assert load_run(tmp_path / "a" / "seed_3", label_by="dir").strategy == "a"
+    many = _write_run(tmp_path / "b" / "seed_0", "grpo", 0, [0.3, 0.4])
+    cfg = yaml.safe_load((many / "config.yaml").read_text())
+    cfg["data"]["validation"] = ["x.jsonl", "y.jsonl"]  # several sets carry their own stderr
+    (many / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert load_run(many).val_prompts is None
 
 
 def test_report_command_writes_report_summary_and_three_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
