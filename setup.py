@@ -24,6 +24,7 @@ EXTRAS = {
         "reasoning-gym==0.1.25",
         "tensorboard>=2.16",
         "pyarrow>=15",
+        "matplotlib>=3.8",  # the plots of bench rollouts and report
     ],
     # Clusters: torch comes from the NGC container; we only add what it lacks.
     "gpu": [

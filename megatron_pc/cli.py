@@ -13,7 +13,7 @@ from megatron_pc.errors import MegatronPCError
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("megatron_pc.cluster.driver:main", "train a policy (default: the tiny CPU configuration)"),
     "simulate": ("megatron_pc.bench.simulate:main", "compare allocation strategies on a simulated policy"),
-    "bench": ("megatron_pc.bench.cli:main", "benchmarks: controller, train, rollout, convert, step"),
+    "bench": ("megatron_pc.bench.cli:main", "benchmarks: controller, train, rollout, convert, step, rollouts"),
     "score": ("megatron_pc.training.score:main", "per-token log-probs of given responses under a model"),
     "convert": ("conversion.cli:main", "convert checkpoints: hf-to-megatron | megatron-to-hf"),
     "make-tiny-model": ("megatron_pc.models.tiny:main", "make the tiny CPU model (warm-up on arithmetic)"),
