@@ -125,7 +125,7 @@ class Trainer:
     def _start(self, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any) -> None:
         """Load weights: the latest complete checkpoint if there is one, else the HF model."""
         if self.resume_path is not None:
-            logger.info("resuming from %s (step %d)", self.resume_path, self.resume_step)
+            logger.info("resuming from %s (step %d)", self.resume_path, self.resume_step, extra=CONSOLE)
             policy.call("load", str(self.resume_path / "policy"))
             state = self.checkpoints.load_controller(self.resume_path)
             self.strategy.load_state_dict(state["strategy"])
