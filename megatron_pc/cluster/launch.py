@@ -157,25 +157,39 @@ def _slurm(run: Any, args: argparse.Namespace, config: Path, env: dict[str, str]
 
 
 def _local(run: Any, args: argparse.Namespace, config: Path, env: dict[str, str]) -> tuple[bool, str]:
-    """Run ``megatron-pc train`` through nemo-run's LocalExecutor and wait for it."""
+    """Run ``megatron-pc train`` through nemo-run's LocalExecutor and wait for it.
+
+    The job's own exit code decides: the task writes it to a file in the job dir. nemo-run's
+    local status is kept in a state file that can still read RUNNING after the process ended
+    (nemo-run documents local status as unreliable), so it is only reported beside the code.
+    """
     python = os.environ.get(TRAIN_PYTHON_ENV, sys.executable)
     train = [python, "-m", "megatron_pc", "train", str(config), f"allocation.strategy={args.strategy}", *args.overrides]
-    task = run.Script(inline=shlex.join(train), env=env)
+    exit_file = Path(args.job_dir).resolve() / f"exit_code.{os.getpid()}.{time.time_ns()}"
+    script = f"{shlex.join(train)}\nrc=$?\necho $rc > {shlex.quote(str(exit_file))}\nexit $rc"
+    task = run.Script(inline=script, env=env)
     executor = run.LocalExecutor(env_vars={"PYTHONUNBUFFERED": "1", **env})
     with run.Experiment(f"mpc-{config.stem}-{args.strategy}", executor=executor, base_dir=args.job_dir, log_level="WARN") as exp:
         exp.add(task, executor=executor, name="train")
         exp.run(detach=False, tail_logs=False)
-        # run() returns when the process ended; the scheduler's status can lag a moment behind.
-        deadline = time.monotonic() + 60
-        while (state := _task_state(exp)) in ("RUNNING", "PENDING", "SUBMITTED") and time.monotonic() < deadline:
-            time.sleep(1.0)
-    return state == "SUCCEEDED", f"nemo-run state {state}"
+        state = _task_state(exp)
+    try:
+        code = exit_file.read_text().strip()
+        exit_file.unlink()
+    except OSError:
+        return False, f"the job wrote no exit code (it was killed or never started), nemo-run state {state}"
+    return code == "0", f"exit code {code}, nemo-run state {state}"
 
 
 def _task_state(exp: Any) -> str:
-    """nemo-run's state of the experiment's one task, e.g. SUCCEEDED, FAILED, RUNNING."""
-    info = (exp.status(return_dict=True) or {}).get("train") or {}
-    return str(info.get("status", "UNKNOWN")).rsplit(".", 1)[-1]
+    """nemo-run's state of the experiment's one task, e.g. SUCCEEDED, FAILED, RUNNING: the state
+    its wait saw when the job ended, else what its status query says."""
+    job = next((j for j in getattr(exp, "jobs", []) if getattr(j, "id", "") == "train"), None)
+    state = str(getattr(job, "state", "") or "")
+    if state.rsplit(".", 1)[-1] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        info = (exp.status(return_dict=True) or {}).get("train") or {}
+        state = str(info.get("status", "UNKNOWN"))
+    return state.rsplit(".", 1)[-1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,8 +74,19 @@ def test_local_executor_runs_the_training_job_through_nemo_run(tmp_path: Path, t
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     assert "nemo-run runs from the launcher environment" in proc.stdout
-    assert "megatron-pc launch: job COMPLETED (nemo-run state SUCCEEDED)" in proc.stdout
+    assert "megatron-pc launch: job COMPLETED (exit code 0, nemo-run state" in proc.stdout
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1]
+
+
+def test_local_executor_reports_the_failed_job_with_its_exit_code(tmp_path: Path) -> None:
+    """A job that fails (no model at model.path) is FAILED with the train command's exit code,
+    whatever nemo-run's local status file says."""
+    cmd = [sys.executable, "-m", "megatron_pc", "launch", "--executor", "local", "--job-dir", str(tmp_path / "jobs"),
+           "tiny_cpu", "training.steps=1", f"model.path={tmp_path / 'no-model'}", f"run_dir={tmp_path / 'run'}"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "MEGATRON_PC_LAUNCH_VENV"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "megatron-pc launch: job FAILED (exit code 2, nemo-run state" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_slurm_executor_without_slurm_commands_says_so(tmp_path: Path) -> None:
