@@ -15,9 +15,10 @@ class Rollout:
     """One generated response, as the allocation logic sees it.
 
     ``correct`` drives the pilot's success rate; ``reward`` (which may be shaped, e.g. DAPO's
-    overlong penalty) drives group variance. ``data`` is opaque here: the trainer stores token
-    ids and log-probs in it. It must be JSON-serialisable so that buffered pilots survive a
-    checkpoint.
+    overlong penalty) drives group variance. ``data`` is opaque here: the trainer stores its
+    payload in it (megatron_pc.training.payload.RolloutPayload: token ids, log-probs). It must be
+    JSON-serialisable, or have a ``to_json()``, so that buffered pilots survive a checkpoint;
+    it comes back from one as that JSON.
     """
 
     reward: float
@@ -26,7 +27,8 @@ class Rollout:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {"reward": self.reward, "correct": self.correct, "data": self.data}
+        data = self.data.to_json() if hasattr(self.data, "to_json") else self.data
+        return {"reward": self.reward, "correct": self.correct, "data": data}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "Rollout":

@@ -137,6 +137,9 @@ class MegatronGroup:
             for rank in range(placement.world)
         ]
         ray.get([a.ready.remote() for a in self.actors])
+        self.dp_of_rank = [here["dp"] for here in ray.get([a.layout.remote() for a in self.actors])]
+        """The data-parallel group of each rank (its TP/PP peers share that group's rows)."""
+        self.data_parallel = max(self.dp_of_rank) + 1
         self.weight_channel: tuple[str, tuple[Any, ...]] | None = None
         """(transport, the engines it reaches) of the channel rank 0 has open, if any."""
 
@@ -144,6 +147,29 @@ class MegatronGroup:
         """Run ``method`` on every rank; return rank 0's result."""
         ray = _import_ray()
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+
+    def put_shares(self, rows: Any) -> list[Any]:
+        """A step's rows (StepRows) split by DP group, balanced by tokens, each share put into
+        the object store once; the ObjectRef of every group's share."""
+        from megatron_pc.training.payload import split_by_tokens
+
+        ray = _import_ray()
+        return [ray.put(rows.take(mine)) for mine in split_by_tokens(rows, self.data_parallel)]
+
+    def call_per_group(self, method: str, per_group: Sequence[Any], *args: Any) -> list[Any]:
+        """Run ``method(per_group[dp], *args)`` on every rank, ``dp`` its DP group (an ObjectRef
+        there reaches the rank as its value, read from the object store); each group's result
+        from its first rank that returned one (not None)."""
+        ray = _import_ray()
+        results = ray.get([getattr(a, method).remote(per_group[dp], *args) for a, dp in zip(self.actors, self.dp_of_rank)])
+        return _first_per_group(results, self.dp_of_rank, self.data_parallel)
+
+    def call_all(self, method: str, *args: Any) -> list[Any]:
+        """Run ``method(*args)`` on every rank; each DP group's result from its first rank
+        that returned one (not None)."""
+        ray = _import_ray()
+        results = ray.get([getattr(a, method).remote(*args) for a in self.actors])
+        return _first_per_group(results, self.dp_of_rank, self.data_parallel)
 
     def export_buckets(self, bucket_bytes: int, method: str = "export_buckets") -> Iterator[Any]:
         """Object refs of what rank 0's streaming ``method`` yields per weight bucket (the
@@ -154,6 +180,14 @@ class MegatronGroup:
         for other in streams[1:]:
             for ref in other:  # drain: non-zero ranks yield nothing, but must finish
                 ray.get(ref)
+
+
+def _first_per_group(results: Sequence[Any], dp_of_rank: Sequence[int], groups: int) -> list[Any]:
+    out: list[Any] = [None] * groups
+    for result, dp in zip(results, dp_of_rank):
+        if out[dp] is None:
+            out[dp] = result
+    return out
 
 
 class RayEngine(RolloutEngine):

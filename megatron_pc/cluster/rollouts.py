@@ -1,8 +1,8 @@
 """Glue between the allocation strategy, the engines, the reward pool and the policy.
 
 A round's plan becomes one engine call; each sample becomes a :class:`Rollout` whose opaque
-``data`` keeps what training needs later (response tokens, the engine's log-probs, the finish
-reason). A finished step's groups become Megatron :class:`Sequence` rows with GRPO advantages
+``data`` is a :class:`RolloutPayload` (response tokens, the engine's log-probs, the finish
+reason, as numpy arrays). A finished step's groups become Megatron :class:`Sequence` rows with GRPO advantages
 computed per group.
 """
 
@@ -17,6 +17,7 @@ from megatron_pc.algo.advantages import group_advantages
 from megatron_pc.allocation import Rollout, RoundPlan, TrainGroup
 from megatron_pc.rollout.base import GenerationRequest, GenerationResult
 from megatron_pc.training.batching import Sequence
+from megatron_pc.training.payload import RolloutPayload, as_payload
 
 
 @dataclass
@@ -42,7 +43,7 @@ def to_rollouts(result: GenerationResult, rewards: Seq[tuple[float, bool]]) -> l
         group = []
         for s in samples:
             reward, correct = next(flat)
-            group.append(Rollout(reward, correct, {"tokens": list(s.token_ids), "logprobs": list(s.logprobs), "finish": s.finish_reason}))
+            group.append(Rollout(reward, correct, RolloutPayload.of(s.token_ids, s.logprobs, s.finish_reason)))
         out.append(group)
     if next(flat, None) is not None:
         raise ValueError("more rewards than samples")
@@ -57,16 +58,21 @@ def groups_to_sequences(groups: Seq[TrainGroup], prompt_tokens: Seq[Seq[int]], s
     """
     if not groups:
         return []
-    rewards = torch.tensor([r.reward for g in groups for r in g.rollouts], dtype=torch.float64)
-    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.rollouts], dtype=torch.int64)
-    advantages = group_advantages(rewards, ids, std_normalize=std_normalize).tolist()
+    advantages = rollout_advantages(groups, std_normalize)
     seqs = []
     k = 0
     for g in groups:
         prompt = list(prompt_tokens[g.prompt])
         for r in g.rollouts:
-            response = r.data["tokens"]
-            if response:
-                seqs.append(Sequence(prompt + list(response), len(prompt), advantages[k], engine_logprobs=list(r.data["logprobs"])))
+            payload = as_payload(r.data)
+            if len(payload.tokens):
+                seqs.append(Sequence(prompt + payload.tokens.tolist(), len(prompt), advantages[k], engine_logprobs=payload.logprobs.tolist()))
             k += 1
     return seqs
+
+
+def rollout_advantages(groups: Seq[TrainGroup], std_normalize: bool) -> list[float]:
+    """The GRPO advantage of every rollout of ``groups``, in order, normalised per group."""
+    rewards = torch.tensor([r.reward for g in groups for r in g.rollouts], dtype=torch.float64)
+    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.rollouts], dtype=torch.int64)
+    return group_advantages(rewards, ids, std_normalize=std_normalize).tolist()

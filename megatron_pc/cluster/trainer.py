@@ -18,20 +18,22 @@ import math
 import signal
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
 
 from megatron_pc.allocation import StepResult, TrainGroup, build_strategy
 from megatron_pc.allocation.trace import TraceWriter
 from megatron_pc.cluster import groups as G
 from megatron_pc.cluster.evaluation import Evaluator, decode_and_score
 from megatron_pc.cluster.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
-from megatron_pc.cluster.update import response_metrics, update_policy
+from megatron_pc.cluster.update import PolicyGroup, response_metrics, update_policy
 from megatron_pc.config import Config, to_dict
 from megatron_pc.console import CONSOLE
 from megatron_pc.errors import MegatronPCError
 from megatron_pc.metrics.logger import open_metrics
 from megatron_pc.reward.pool import RewardPool
 from megatron_pc.rollout.base import SamplingSettings, derive_seed
+from megatron_pc.training.payload import as_payload
 from megatron_pc.training.run_checkpoints import CheckpointManager
 
 logger = logging.getLogger(__name__)
@@ -54,11 +56,73 @@ class Timer:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
+class Workers(Protocol):
+    """The processes a run drives: policy (and reference) ranks and rollout engines."""
+
+    policy: PolicyGroup
+    reference: PolicyGroup | None
+    engines: Any  # an EngineGroup (megatron_pc.rollout.group)
+
+    def start(self) -> None:
+        """Start every worker (models built, engines ready)."""
+
+    def sync_weights(self) -> dict[str, float]:
+        """Push the policy's weights into the engines; seconds and MB moved."""
+
+    def peak_memory(self) -> dict[str, int]:
+        """Peak RSS in bytes of the driver and of every worker, by name."""
+
+    def close(self) -> None:
+        """Stop every worker (safe to call after a failed start)."""
+
+
+class RayWorkers:
+    """The run's workers as Ray actors in one placement group (megatron_pc.cluster.groups)."""
+
+    def __init__(self, cfg: Config, model_path: str, run_dir: Path, transport: str) -> None:
+        self.cfg, self.model_path, self.run_dir, self.transport = cfg, model_path, run_dir, transport
+        bundles = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel + cfg.rollout.engines
+        self.started = G.start_ray(cfg, bundles=bundles)
+        self.placement: G.Placement | None = None
+        self.policy: Any = None
+        self.reference: Any = None
+        self.engines: Any = None
+
+    def start(self) -> None:
+        """Placement group, policy and reference ranks, engines."""
+        cfg = self.cfg
+        self.placement = G.Placement(cfg, use_gpu=_has_gpu())
+        self.policy = G.MegatronGroup(cfg, self.placement, trainable=True)
+        self.reference = G.MegatronGroup(cfg, self.placement, trainable=False) if cfg.training.kl_coef > 0 else None
+        self.engines = G.engine_group(cfg, self.placement, self.model_path, self.run_dir)
+
+    def sync_weights(self) -> dict[str, float]:
+        """Stream the policy's weights into every engine (rollout.weight_transport)."""
+        return G.sync_weights(self.policy, self.engines, self.cfg.rollout.sync_bucket_mb, self.transport)
+
+    def peak_memory(self) -> dict[str, int]:
+        """Peak RSS of the driver and of every actor still alive."""
+        return G.peak_memory(self.policy, self.reference, self.engines)
+
+    def close(self) -> None:
+        """Engines, placement group, then Ray (if this run started it)."""
+        try:
+            if self.engines is not None:
+                self.engines.shutdown()
+            if self.placement is not None:
+                self.placement.remove()
+        finally:
+            G.stop_ray(self.started)
+
+
 class Trainer:
     """Owns the run: data, strategy, workers, metrics and checkpoints."""
 
-    def __init__(self, cfg: Config, data: Any) -> None:
+    def __init__(self, cfg: Config, data: Any, make_workers: Callable[..., Workers] | None = None) -> None:
+        """``make_workers(cfg, model_path, run_dir, transport)`` gives the run's workers (default:
+        :class:`RayWorkers`; the unit tests pass in-process stand-ins)."""
         self.cfg = cfg
+        self.make_workers = make_workers or RayWorkers
         self.data = data  # megatron_pc.cluster.prepare.RunData: prompts, token ids, tokenizer
         self.run_dir = cfg.resolved_run_dir
         self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.training.keep_checkpoints)
@@ -80,25 +144,22 @@ class Trainer:
     def run(self) -> dict[str, float]:
         """Train to ``training.steps`` (or until preempted); returns the last step's metrics."""
         cfg = self.cfg
-        started = G.start_ray(cfg, bundles=cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel + cfg.rollout.engines)
+        workers = self.make_workers(cfg, str(self.data.model_path), self.run_dir, self.transport)
         # ray.init installs its own SIGTERM handler; ours must come after it.
         install_signal_handlers(self)
-        placement = policy = engines = None
         last: dict[str, float] = {}
         try:
-            placement = G.Placement(cfg, use_gpu=_has_gpu())
-            policy = G.MegatronGroup(cfg, placement, trainable=True)
-            reference = G.MegatronGroup(cfg, placement, trainable=False) if cfg.training.kl_coef > 0 else None
-            engines = G.engine_group(cfg, placement, str(self.data.model_path), self.run_dir)
+            workers.start()
+            policy, engines = workers.policy, workers.engines
             with RewardPool(cfg.reward, max_tokens=cfg.rollout.max_tokens) as rewards:
-                self._start(policy, reference, engines)
+                self._start(workers)
                 evaluator = Evaluator(cfg, self.data, engines, rewards)
                 metrics = open_metrics(cfg.logging, self.run_dir, cfg.name, cfg.training.steps, self.resume_step or None, to_dict(cfg))
                 try:
                     if self.resume_step == 0:
                         metrics.log(0, evaluator.run(step=0))
                     for step in range(self.resume_step + 1, cfg.training.steps + 1):
-                        last = self._step(step, policy, reference, engines, rewards, evaluator)
+                        last = self._step(step, workers, rewards, evaluator)
                         metrics.log(step, last)
                         if self.preempted or step % cfg.training.save_every == 0 or step == cfg.training.steps:
                             self._save(step, policy)
@@ -106,43 +167,39 @@ class Trainer:
                             break
                 finally:
                     metrics.close()
-                self._report_memory(policy, reference, engines)
+                self._report_memory(workers)
         finally:
-            if engines is not None:
-                engines.shutdown()
-            if placement is not None:
-                placement.remove()
-            G.stop_ray(started)
+            workers.close()
         return last
 
-    def _report_memory(self, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any) -> None:
+    def _report_memory(self, workers: Workers) -> None:
         """Peak RSS of every process, on the console and in peak_memory.json."""
-        peaks = G.peak_memory(policy, reference, engines)
+        peaks = workers.peak_memory()
         (self.run_dir / "peak_memory.json").write_text(json.dumps(peaks, indent=1) + "\n")
         gib = {name: b / 2**30 for name, b in peaks.items()}
         logger.info("peak RSS: %s; total %.2f GiB", ", ".join(f"{n} {v:.2f} GiB" for n, v in gib.items()), sum(gib.values()), extra=CONSOLE)
 
-    def _start(self, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any) -> None:
+    def _start(self, workers: Workers) -> None:
         """Load weights: the latest complete checkpoint if there is one, else the HF model."""
         if self.resume_path is not None:
             logger.info("resuming from %s (step %d)", self.resume_path, self.resume_step, extra=CONSOLE)
-            policy.call("load", str(self.resume_path / "policy"))
+            workers.policy.call("load", str(self.resume_path / "policy"))
             state = self.checkpoints.load_controller(self.resume_path)
             self.strategy.load_state_dict(state["strategy"])
             self.tokens_total = state["tokens_total"]
-            G.sync_weights(policy, engines, self.cfg.rollout.sync_bucket_mb, self.transport)
+            workers.sync_weights()
         else:
-            policy.call("load_hf", str(self.data.model_path))
-        if reference is not None:
-            reference.call("load_hf", str(self.data.model_path))
+            workers.policy.call("load_hf", str(self.data.model_path))
+        if workers.reference is not None:
+            workers.reference.call("load_hf", str(self.data.model_path))
 
-    def _step(self, step: int, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any, rewards: RewardPool, evaluator: Evaluator) -> dict[str, float]:
+    def _step(self, step: int, workers: Workers, rewards: RewardPool, evaluator: Evaluator) -> dict[str, float]:
         timer = Timer()
         with timer("total"):
-            tokens, responses = self._generate(engines, rewards, timer)
+            tokens, responses = self._generate(workers.engines, rewards, timer)
             result = self.strategy.finish_step()
-            train = self._update(result, policy, reference, engines, timer)
-            gap = self._check_sync(result, policy, engines, timer)
+            train = self._update(result, workers, timer)
+            gap = self._check_sync(result, workers.policy, workers.engines, timer)
             val = evaluator.run(step) if step % self.cfg.training.validate_every == 0 or step == self.cfg.training.steps else {}
         self.tokens_total += tokens
         gen_s = timer.seconds.get("generate", 0.0)
@@ -173,21 +230,21 @@ class Trainer:
                 finishes.append(sample.finish_reason)
         return tokens, response_metrics(lengths, finishes)
 
-    def _update(self, result: StepResult, policy: G.MegatronGroup, reference: G.MegatronGroup | None, engines: Any, timer: Timer) -> dict[str, float]:
+    def _update(self, result: StepResult, workers: Workers, timer: Timer) -> dict[str, float]:
         """The policy update (old log-probs once, then one optimizer update per mini-batch), then sync."""
         if not result.groups:
             logger.warning("step %d: empty train batch (train_partial): no update", result.step)
             return {}
-        engines.sleep()  # colocated engines free the device while the policy trains
-        out = update_policy(result.groups, self.data.train_tokens, self.cfg, policy, reference, timer)
-        engines.wake()
+        workers.engines.sleep()  # colocated engines free the device while the policy trains
+        out = update_policy(result.groups, self.data.train_tokens, self.cfg, workers.policy, workers.reference, timer)
+        workers.engines.wake()
         with timer("sync"):
-            out.update(G.sync_weights(policy, engines, self.cfg.rollout.sync_bucket_mb, self.transport))
+            out.update(workers.sync_weights())
         return out
 
-    def _check_sync(self, result: StepResult, policy: G.MegatronGroup, engines: Any, timer: Timer) -> float:
+    def _check_sync(self, result: StepResult, policy: PolicyGroup, engines: Any, timer: Timer) -> float:
         """Engine vs trainer log-probs on a few sequences of this step, after the sync."""
-        firsts = [_single(g) for g in result.groups[:4] if g.rollouts[0].data["tokens"]]
+        firsts = [_single(g) for g in result.groups[:4] if len(as_payload(g.rollouts[0].data).tokens)]
         if not firsts:
             return float("nan")
         with timer("sync_check"):
@@ -207,7 +264,7 @@ class Trainer:
             )
         return gap
 
-    def _save(self, step: int, policy: G.MegatronGroup) -> None:
+    def _save(self, step: int, policy: PolicyGroup) -> None:
         controller = {"step": step, "strategy": self.strategy.state_dict(), "tokens_total": self.tokens_total, "config": to_dict(self.cfg)}
         self.checkpoints.save(step, controller, lambda d: policy.call("save", str(d)))
 

@@ -1,13 +1,15 @@
 """The policy update of one training step, as the paper's reference recipe does it.
 
-    old (and reference) log-probs: ONCE, over the whole batch, before the first update
+    rows: each DP group's share (balanced by tokens) into the object store, ONCE
+    old (and reference) log-probs: ONCE, over the whole batch, before the first update,
+        computed on the workers and kept there
     for each mini-batch: one optimizer update against those old log-probs
     the LR schedule advances once, with the step's last update
 
 Computing the old log-probs per mini-batch (after the earlier mini-batches moved the policy)
 would make the PPO ratio 1 at every update, so the clips would never bind and the update would
-be plain policy gradient. ``policy`` is anything with ``call(method, *args)`` (the Ray group of
-Megatron ranks, or an in-process stand-in in the tests).
+be plain policy gradient. ``policy`` is a :class:`PolicyGroup` (the Ray group of Megatron ranks,
+or an in-process stand-in in the tests).
 """
 
 from __future__ import annotations
@@ -15,42 +17,67 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence as Seq
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from megatron_pc.allocation import TrainGroup
-from megatron_pc.cluster.rollouts import groups_to_sequences
+from megatron_pc.cluster.rollouts import rollout_advantages
 from megatron_pc.config import Config
-from megatron_pc.training.batching import Sequence
+from megatron_pc.training.payload import RowPlan, as_payload
 
 
 class PolicyGroup(Protocol):
-    """What the update needs of the policy (and reference) workers."""
+    """What the update needs of the policy (and reference) workers: the Ray group of Megatron
+    ranks (megatron_pc.cluster.groups.MegatronGroup), or an in-process stand-in."""
+
+    def put_shares(self, plan: RowPlan) -> list[Any]:
+        """Each DP group's share of the step's rows, stored once; a handle per group."""
+
+    def call_per_group(self, method: str, per_group: Seq[Any], *args: Any) -> list[Any]:
+        """``method(per_group[dp], *args)`` on every rank; a result per DP group."""
+
+    def call_all(self, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` on every rank; a result per DP group."""
 
     def call(self, method: str, *args: Any) -> Any:
-        """Run ``method`` on every rank; rank 0's result."""
+        """``method(*args)`` on every rank; rank 0's result."""
 
 
-@dataclass
-class MiniBatch:
-    """One optimizer update: its sequences and the weight of its loss."""
-
-    seqs: list[Sequence]
-    loss_scale: float = 1.0
-
-
-def mini_batches(groups: Seq[TrainGroup], prompt_tokens: Seq[Seq[int]], cfg: Config) -> list[MiniBatch]:
-    """The step's updates under ``training.mini_batch_unit`` (see TrainingConfig)."""
-    t = cfg.training
+def plan_rows(groups: Seq[TrainGroup], prompt_tokens: Seq[Seq[int]], cfg: Config) -> RowPlan:
+    """The step's training rows and their updates under ``training.mini_batch_unit`` (see
+    TrainingConfig): one row per rollout with a response, advantages normalised per group."""
+    t, a = cfg.training, cfg.allocation
+    advantages = rollout_advantages(groups, t.std_normalize)
+    prompts, responses, advs, group_of = [], [], [], []
+    k = 0
+    for gi, g in enumerate(groups):
+        prompt = np.asarray(prompt_tokens[g.prompt], dtype=np.int32)
+        for r in g.rollouts:
+            payload = as_payload(r.data)
+            if len(payload.tokens):  # an empty response counts in the baseline, is not trained
+                prompts.append(prompt)
+                responses.append(payload)
+                advs.append(advantages[k])
+                group_of.append(gi)
+            k += 1
     if t.mini_batch_unit == "groups":
-        return [MiniBatch(groups_to_sequences(groups[i : i + t.mini_batch], prompt_tokens, t.std_normalize))
-                for i in range(0, len(groups), t.mini_batch)]  # fmt: skip
-    # call_rollouts: verl sizes a mini-batch as mini_batch x the rollouts per prompt of one
-    # generation call, and a short last one contributes in proportion to its size.
-    a = cfg.allocation
-    size = t.mini_batch * (a.commit_rollouts if a.strategy == "pilot_commit" else a.n)
-    seqs = groups_to_sequences(groups, prompt_tokens, t.std_normalize)
-    return [MiniBatch(seqs[i : i + size], len(seqs[i : i + size]) / size) for i in range(0, len(seqs), size)]
+        raw = [gi // t.mini_batch for gi in group_of]
+        size = None
+    else:
+        # call_rollouts: verl sizes a mini-batch as mini_batch x the rollouts per prompt of one
+        # generation call, and a short last one contributes in proportion to its size.
+        size = t.mini_batch * (a.commit_rollouts if a.strategy == "pilot_commit" else a.n)
+        raw = [i // size for i in range(len(responses))]
+    compact = {u: k for k, u in enumerate(sorted(set(raw)))}  # mini-batches with no row drop out
+    update = np.array([compact[u] for u in raw], dtype=np.int32)
+    counts = np.bincount(update, minlength=len(compact)) if len(update) else np.zeros(0, np.int64)
+    denominators = []
+    for k in range(len(compact)):
+        members = np.flatnonzero(update == k)
+        denominators.append(float(sum(len(responses[i].tokens) for i in members)) if t.loss_agg == "token-mean" else float(len(members)))
+    scales = [1.0 if size is None else float(c) / size for c in counts]
+    return RowPlan(prompts, responses, advs, update, denominators, scales)
 
 
 def update_policy(
@@ -61,22 +88,27 @@ def update_policy(
     reference: PolicyGroup | None,
     timer: Callable[[str], AbstractContextManager[Any]],
 ) -> dict[str, float]:
-    """Old/reference log-probs once, then one optimizer update per mini-batch; the step's metrics."""
-    batches = [b for b in mini_batches(groups, prompt_tokens, cfg) if b.seqs]
-    if not batches:
+    """Each DP group's rows sent once; old/reference log-probs once, on the workers; then one
+    optimizer update per mini-batch. Only the step's metrics come back."""
+    plan = plan_rows(groups, prompt_tokens, cfg)
+    if not plan.rows:
         return {}
-    every = [s for b in batches for s in b.seqs]
+    with timer("dispatch"):
+        shares = policy.put_shares(plan)
+        policy.call_per_group("load_rows", shares)
     with timer("logprob"):
-        for s, lp in zip(every, policy.call("logprobs", every)):
-            s.old_logprobs = lp
+        policy.call_all("old_logprobs")
     if reference is not None:
         with timer("reference"):
-            for s, lp in zip(every, reference.call("logprobs", every)):
-                s.ref_logprobs = lp
+            reference.call_per_group("load_rows", shares)
+            # Each DP group's reference log-probs stay in the object store: the driver passes
+            # the handle on, the policy ranks of that group read the values.
+            policy.call_per_group("set_ref_logprobs", reference.call_all("ref_logprobs"))
     updates = []
     with timer("update"):
-        for i, b in enumerate(batches):
-            updates.append(policy.call("train_step", b.seqs, b.loss_scale, i == len(batches) - 1))
+        last = len(plan.denominators) - 1
+        for k in range(last + 1):
+            updates.append(policy.call("train_update", k, k == last))
     return combine_updates(updates)
 
 

@@ -47,6 +47,8 @@ class MegatronRank:
         from megatron_pc.training.worker import PolicyWorker, ReferenceWorker
 
         self.rank = rank
+        self.rows: Any = None  # this DP group's share of the step (StepRows) and its sequences
+        self.seqs: list[Any] = []
         self.sender: Any = None  # rank 0's weight-sync channel (broadcast / cuda_ipc)
         self.worker = PolicyWorker(model_cfg, train_cfg) if trainable else ReferenceWorker(model_cfg, micro_batch_tokens=train_cfg.micro_batch_tokens)
 
@@ -70,6 +72,53 @@ class MegatronRank:
     def train_step(self, seqs: list[Any], loss_scale: float = 1.0, last_update: bool = True) -> dict[str, float]:
         """One optimizer update on the global batch (see PolicyWorker.train_step)."""
         return self.worker.train_step(seqs, loss_scale, last_update)
+
+    # ---- a step's rows, kept on the worker (see megatron_pc.training.payload) ----------------
+    def layout(self) -> dict[str, int]:
+        """This rank's place in the TP x PP x DP world."""
+        from megatron.core import parallel_state as ps
+
+        return {"rank": self.rank, "dp": ps.get_data_parallel_rank(), "tp": ps.get_tensor_model_parallel_rank(),
+                "pp": ps.get_pipeline_model_parallel_rank()}
+
+    def load_rows(self, rows: Any) -> int:
+        """Take this DP group's share of the step (a StepRows, resolved from the object store);
+        it stays here for the log-probs and the updates. Returns its number of rows."""
+        self.rows, self.seqs = rows, rows.sequences()
+        return rows.rows
+
+    def old_logprobs(self) -> None:
+        """The current policy's log-probs of the loaded rows become their old log-probs."""
+        for seq, (lp, _) in zip(self.seqs, self.worker.local_logprobs(self.seqs)):
+            seq.old_logprobs = lp
+
+    def ref_logprobs(self) -> Any:
+        """The reference log-probs of the loaded rows, flat, put into the object store by one
+        rank of the DP group (TP and PP rank 0); an ObjectRef there, None elsewhere."""
+        import numpy as np
+        import ray
+
+        flat = np.concatenate([lp.numpy() for lp, _ in self.worker.local_logprobs(self.seqs)]) if self.seqs else np.zeros(0, np.float32)
+        here = self.layout()
+        return ray.put(flat.astype(np.float32)) if here["tp"] == 0 and here["pp"] == 0 else None
+
+    def set_ref_logprobs(self, flat: Any) -> None:
+        """Reference log-probs of the loaded rows (flat, as ``ref_logprobs`` put them)."""
+        import torch
+
+        start = 0
+        values = torch.as_tensor(flat)
+        for seq in self.seqs:
+            seq.ref_logprobs = values[start : start + seq.response_len]
+            start += seq.response_len
+        if start != len(values):
+            raise ValueError(f"rank {self.rank}: {len(values)} reference log-probs for {start} response tokens")
+
+    def train_update(self, update: int, last_update: bool) -> dict[str, float]:
+        """Optimizer update ``update`` of the step, on this group's rows of it."""
+        mine = [s for s, k in zip(self.seqs, self.rows.update) if k == update]
+        scale = self.rows.loss_scales[update]
+        return self.worker.train_local(mine, self.rows.denominators[update] / scale, scale, last_update)
 
     def save(self, path: str) -> None:
         """Write this rank's part of a Megatron distributed checkpoint (collective)."""

@@ -8,6 +8,7 @@ A sequence is prompt + response token ids. Position t of a micro-batch predicts 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -16,13 +17,13 @@ import torch
 class Sequence:
     """One prompt + response and the per-response-token data the loss needs."""
 
-    tokens: list[int]
+    tokens: Any  # token ids: a list, or a numpy / torch vector (rows of a StepRows)
     prompt_len: int
     advantage: float = 0.0
-    old_logprobs: list[float] | None = None
-    """Per response token; None: use the current policy's (on-policy, ratio 1)."""
-    ref_logprobs: list[float] | None = None
-    engine_logprobs: list[float] | None = None
+    old_logprobs: Any = None
+    """Per response token (a list or a vector); None: use the current policy's (on-policy, ratio 1)."""
+    ref_logprobs: Any = None
+    engine_logprobs: Any = None
 
     @property
     def response_len(self) -> int:
@@ -67,7 +68,7 @@ def _per_token(seqs: list[Sequence], name: str, width: int) -> torch.Tensor | No
     for row, (seq, vals) in enumerate(zip(seqs, values)):
         if len(vals) != seq.response_len:
             raise ValueError(f"{name}: {len(vals)} values for {seq.response_len} response tokens")
-        out[row, seq.prompt_len - 1: len(seq.tokens) - 1] = torch.tensor(vals, dtype=torch.float32)
+        out[row, seq.prompt_len - 1: len(seq.tokens) - 1] = torch.as_tensor(vals, dtype=torch.float32)
     return out
 
 
@@ -79,7 +80,7 @@ def collate(seqs: list[Sequence], index: list[int], pad_id: int = 0) -> MicroBat
     for row, seq in enumerate(seqs):
         if seq.prompt_len < 1 or seq.response_len < 1:
             raise ValueError("a sequence needs at least one prompt and one response token")
-        ids[row, : len(seq.tokens)] = torch.tensor(seq.tokens)
+        ids[row, : len(seq.tokens)] = torch.as_tensor(seq.tokens, dtype=torch.long)
         mask[row, seq.prompt_len - 1: len(seq.tokens) - 1] = 1.0
     extras = {n: t for n in ("old_logprobs", "ref_logprobs", "engine_logprobs")
               if (t := _per_token(seqs, n, length - 1)) is not None}
@@ -92,6 +93,14 @@ def collate(seqs: list[Sequence], index: list[int], pad_id: int = 0) -> MicroBat
         advantages=torch.tensor([s.advantage for s in seqs], dtype=torch.float32),
         extras=extras,
     )
+
+
+def loss_denominator(loss_agg: str, seqs: list[Sequence]) -> float:
+    """What an update's summed loss is divided by: its response tokens (``token-mean``) or its
+    sequences (the per-sequence aggregations)."""
+    if loss_agg == "token-mean":
+        return float(sum(s.response_len for s in seqs))
+    return float(len(seqs))
 
 
 def micro_batches(seqs: list[Sequence], token_budget: int) -> list[MicroBatch]:

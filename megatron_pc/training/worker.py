@@ -1,7 +1,9 @@
 """Policy and reference workers over Megatron-Core: one per process, TP x PP x DP groups.
 
-Every rank is handed the *global* batch; each DP rank works on its slice (``seqs[dp::DP]``)
-and results come back, in input order, on every rank.
+Two ways in: ``compute_logprobs`` / ``train_step`` take the *global* batch, and each DP rank
+works on its strided slice (``seqs[dp::DP]``), results coming back in input order on every rank;
+``local_logprobs`` / ``train_local`` take the DP rank's own sequences (the driver's path: each DP
+group is sent only its share, see megatron_pc.training.payload).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from megatron_pc.models.config import ModelConfig
 from megatron_pc.models.hf_config import HFArch, load_arch
 from megatron_pc.models.hf_weights import load_hf_weights
 from megatron_pc.training import steps
-from megatron_pc.training.batching import MicroBatch, Sequence, micro_batches
+from megatron_pc.training.batching import MicroBatch, Sequence, loss_denominator, micro_batches
 from megatron_pc.training.config import TrainingConfig
 from megatron_pc.training.setup import build_model, build_optimizer
 
@@ -70,33 +72,56 @@ class ReferenceWorker:
 
     @torch.no_grad()
     def compute_logprobs(self, seqs: list[Sequence]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(log-probs, entropy) of each sequence's response tokens, on every rank."""
+        """(log-probs, entropy) of each sequence's response tokens, on every rank (``seqs`` is the
+        global batch: each DP rank computes its strided slice, then the ranks share them)."""
         local = self._local(seqs)
-        mbs = micro_batches([seqs[i] for i in local], self.micro_batch_tokens)
+        mine = dict(zip(local, self.local_logprobs([seqs[i] for i in local])))
+        return _dp_share(mine, len(seqs))
+
+    @torch.no_grad()
+    def local_logprobs(self, seqs: list[Sequence]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(log-probs, entropy) of this DP rank's own ``seqs``, on every rank of its DP group."""
+        mbs = micro_batches(seqs, self.micro_batch_tokens)
         outputs = self._schedule(steps.logprob_step(self.arch.vocab_size), mbs, forward_only=True) if mbs else []
         mine: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for out in outputs:
             for row, i in enumerate(out["index"]):
-                seq = seqs[local[i]]
-                span = slice(seq.prompt_len - 1, len(seq.tokens) - 1)
-                mine[local[i]] = (out["logprobs"][row, span].clone(), out["entropy"][row, span].clone())
-        return _share(mine, len(seqs))
+                span = slice(seqs[i].prompt_len - 1, len(seqs[i].tokens) - 1)
+                mine[i] = (out["logprobs"][row, span].clone(), out["entropy"][row, span].clone())
+        return _pp_share(mine, len(seqs))
 
 
-def _share(mine: dict[int, Any], total: int) -> list[Any]:
-    """Results of the last pipeline stage of every DP rank, gathered on every rank."""
+def _from_last_stage(mine: dict[int, Any]) -> dict[int, Any]:
+    """The last pipeline stage's results, on every stage of the pipeline."""
     from megatron.core import parallel_state as ps
 
     if ps.get_pipeline_model_parallel_world_size() > 1:
         box = [mine]
-        last = ps.get_pipeline_model_parallel_last_rank()
-        dist.broadcast_object_list(box, src=last, group=ps.get_pipeline_model_parallel_group())
+        dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
         mine = box[0]
+    return mine
+
+
+def _pp_share(mine: dict[int, Any], total: int) -> list[Any]:
+    """Results of the last pipeline stage, in order, on every stage of the pipeline."""
+    mine = _from_last_stage(mine)
+    return [mine[i] for i in range(total)]
+
+
+def _dp_share(mine: dict[int, Any], total: int) -> list[Any]:
+    """Each DP rank's results (keyed by global position), gathered on every rank."""
+    from megatron.core import parallel_state as ps
+
     if ps.get_data_parallel_world_size() > 1:
         parts: list[dict[int, Any]] = [{} for _ in range(ps.get_data_parallel_world_size())]
         dist.all_gather_object(parts, mine, group=ps.get_data_parallel_group())
         mine = {k: v for part in parts for k, v in part.items()}
     return [mine[i] for i in range(total)]
+
+
+def _share(mine: dict[int, Any], total: int) -> list[Any]:
+    """Results of the last pipeline stage of every DP rank, gathered on every rank."""
+    return _dp_share(_from_last_stage(mine), total)
 
 
 class PolicyWorker(ReferenceWorker):
@@ -118,11 +143,6 @@ class PolicyWorker(ReferenceWorker):
         super().load_hf(model_dir)
         self.optimizer.reload_model_params()
 
-    def _denominator(self, seqs: list[Sequence]) -> float:
-        if self.train_cfg.loss_agg == "token-mean":
-            return float(sum(s.response_len for s in seqs))
-        return float(len(seqs))
-
     def train_step(self, seqs: list[Sequence], loss_scale: float = 1.0, last_update: bool = True) -> dict[str, float]:
         """One optimizer update on the global batch ``seqs``; returns global metrics.
 
@@ -131,11 +151,19 @@ class PolicyWorker(ReferenceWorker):
         the schedule counts training steps whatever the number of mini-batches. ``loss_scale``
         weighs this update's loss (the reference scales a short last mini-batch by its share).
         """
+        local = [seqs[i] for i in self._local(seqs)]
+        return self.train_local(local, loss_denominator(self.train_cfg.loss_agg, seqs) / loss_scale, loss_scale, last_update)
+
+    def train_local(self, seqs: list[Sequence], denominator: float, loss_scale: float = 1.0, last_update: bool = True) -> dict[str, float]:
+        """One optimizer update in which this DP rank trains its own ``seqs``; ``denominator``
+        is the update's global loss denominator over its loss scale (the same on every rank).
+        Every DP rank must have at least one sequence. Returns global metrics."""
+        if not seqs:
+            raise ValueError(f"data-parallel rank {self.dp_rank} has no sequence in this update")
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        mbs = micro_batches([seqs[i] for i in self._local(seqs)], self.train_cfg.micro_batch_tokens)
-        step_fn = steps.train_step_fn(self.train_cfg, self.loss_fn, self.arch.vocab_size,
-                                      self._denominator(seqs) / loss_scale, len(mbs), self.dp_size)
+        mbs = micro_batches(seqs, self.train_cfg.micro_batch_tokens)
+        step_fn = steps.train_step_fn(self.train_cfg, self.loss_fn, self.arch.vocab_size, denominator, len(mbs), self.dp_size)
         outputs = self._schedule(step_fn, mbs, forward_only=False)
         lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this update used
         ok, grad_norm, _ = self.optimizer.step()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 
+import numpy as np
 import pytest
-import torch
 
-from megatron_pc.algo.losses import policy_loss
 from megatron_pc.allocation import Rollout, TrainGroup
-from megatron_pc.cluster.update import combine_updates, mini_batches, response_metrics, update_policy
+from megatron_pc.cluster.update import combine_updates, plan_rows, response_metrics, update_policy
 from megatron_pc.config import load_config
+from megatron_pc.training.payload import RolloutPayload, split_by_tokens
+from standins import StandInGroup
 
 PROMPTS = [[1, 2, 3]] * 64
 
@@ -19,52 +20,10 @@ PROMPTS = [[1, 2, 3]] * 64
 def _groups(count: int, size: int) -> list[TrainGroup]:
     """``count`` groups of ``size`` rollouts with mixed rewards and varied response tokens."""
     return [
-        TrainGroup(p, [Rollout(float(k % 2), bool(k % 2), {"tokens": [4 + (p + k) % 5, 5, 6 + k % 3], "logprobs": [-1.0] * 3, "finish": "stop"})
+        TrainGroup(p, [Rollout(float(k % 2), bool(k % 2), RolloutPayload.of([4 + (p + k) % 5, 5, 6 + k % 3][: 1 + (p + k) % 3], [-1.0] * (1 + (p + k) % 3), "stop"))
                        for k in range(size)], step=1)  # fmt: skip
         for p in range(count)
     ]
-
-
-class StandInPolicy:
-    """A deterministic policy with one parameter ``theta``: log p(token) = -theta * (1 + token % 7) / 10.
-
-    Each update scores its mini-batch with the project's real loss (so ``ratio_mean`` is
-    exactly what the Megatron workers would report) and then moves ``theta``.
-    """
-
-    def __init__(self) -> None:
-        self.theta = 1.0
-        self.logprob_calls = 0
-        self.schedule_steps = 0
-        self.updates: list[dict[str, float]] = []
-        self.loss_scales: list[float] = []
-
-    def _logprobs(self, seq) -> list[float]:
-        return [-self.theta * (1 + t % 7) / 10 for t in seq.tokens[seq.prompt_len :]]
-
-    def call(self, method: str, *args):
-        return getattr(self, method)(*args)
-
-    def logprobs(self, seqs) -> list[list[float]]:
-        self.logprob_calls += 1
-        return [self._logprobs(s) for s in seqs]
-
-    def train_step(self, seqs, loss_scale: float = 1.0, last_update: bool = True) -> dict[str, float]:
-        width = max(s.response_len for s in seqs)
-        current, old, mask = (torch.zeros(len(seqs), width) for _ in range(3))
-        for row, s in enumerate(seqs):
-            current[row, : s.response_len] = torch.tensor(self._logprobs(s))
-            old[row, : s.response_len] = torch.tensor(s.old_logprobs)
-            mask[row, : s.response_len] = 1.0
-        advantages = torch.tensor([s.advantage for s in seqs])
-        loss, metrics = policy_loss(current, old, advantages, mask, clip_low=0.2, clip_high=0.28, dual_clip=10.0, loss_agg="token-mean")
-        self.theta += 0.3  # the update moves the policy
-        self.loss_scales.append(loss_scale)
-        if last_update:
-            self.schedule_steps += 1
-        out = {"loss": float(loss), "grad_norm": 1.0, "update_ok": 1.0, "lr": 1e-3, **metrics}
-        self.updates.append(out)
-        return out
 
 
 def _cfg(*overrides: str):
@@ -73,7 +32,7 @@ def _cfg(*overrides: str):
 
 def test_old_logprobs_are_computed_once_so_the_ratio_is_one_only_at_the_first_of_four_updates() -> None:
     cfg = _cfg("training.mini_batch=2")
-    policy = StandInPolicy()
+    policy = StandInGroup()
     metrics = update_policy(_groups(8, 4), PROMPTS, cfg, policy, None, lambda _: nullcontext())
     ratios = [u["ratio_mean"] for u in policy.updates]
     assert len(ratios) == 4 and metrics["updates"] == 4
@@ -88,34 +47,72 @@ def test_old_logprobs_are_computed_once_so_the_ratio_is_one_only_at_the_first_of
 
 def test_the_schedule_advances_once_per_training_step_whatever_the_mini_batches() -> None:
     for mini_batch in (8, 2, 1):
-        policy = StandInPolicy()
+        policy = StandInGroup()
         update_policy(_groups(8, 4), PROMPTS, _cfg(f"training.mini_batch={mini_batch}"), policy, None, lambda _: nullcontext())
         assert len(policy.updates) == 8 // mini_batch
-        assert policy.schedule_steps == 1
+        assert policy.model.schedule_steps == 1
 
 
 def test_reference_logprobs_are_computed_once_for_the_whole_batch() -> None:
-    policy, reference = StandInPolicy(), StandInPolicy()
+    policy, reference = StandInGroup(), StandInGroup()
     update_policy(_groups(8, 4), PROMPTS, _cfg("training.mini_batch=2"), policy, reference, lambda _: nullcontext())
     assert reference.logprob_calls == 1 and policy.logprob_calls == 1
+
+
+def _sizes(plan) -> list[int]:
+    return np.bincount(plan.update).tolist()
 
 
 def test_call_rollouts_mini_batches_are_mini_batch_times_commit_n_rollouts_and_the_short_last_is_scaled() -> None:
     # PC with n 4 = 1 pilot + 3 commits: a mini-batch of 2 "prompts" is 2 x 3 = 6 rollouts, so
     # the 32 rollouts of 8 groups take 6 updates: 5 full and one of 2 rollouts (a third).
     cfg = _cfg("training.mini_batch=2", "training.mini_batch_unit=call_rollouts")
-    batches = mini_batches(_groups(8, 4), PROMPTS, cfg)
-    assert [len(b.seqs) for b in batches] == [6, 6, 6, 6, 6, 2]
-    assert [b.loss_scale for b in batches] == [1, 1, 1, 1, 1, pytest.approx(1 / 3)]
+    plan = plan_rows(_groups(8, 4), PROMPTS, cfg)
+    assert _sizes(plan) == [6, 6, 6, 6, 6, 2]
+    assert plan.loss_scales == [1, 1, 1, 1, 1, pytest.approx(1 / 3)]
     # GRPO scales by n instead: 2 x 4 = 8 rollouts, 4 updates.
     grpo = _cfg("training.mini_batch=2", "training.mini_batch_unit=call_rollouts", "allocation.strategy=grpo")
-    assert [len(b.seqs) for b in mini_batches(_groups(8, 4), PROMPTS, grpo)] == [8, 8, 8, 8]
+    assert _sizes(plan_rows(_groups(8, 4), PROMPTS, grpo)) == [8, 8, 8, 8]
 
 
 def test_groups_mini_batches_hold_whole_groups() -> None:
-    batches = mini_batches(_groups(8, 4), PROMPTS, _cfg("training.mini_batch=3"))
-    assert [len(b.seqs) for b in batches] == [12, 12, 8]
-    assert all(b.loss_scale == 1.0 for b in batches)
+    plan = plan_rows(_groups(8, 4), PROMPTS, _cfg("training.mini_batch=3"))
+    assert _sizes(plan) == [12, 12, 8]
+    assert plan.loss_scales == [1.0, 1.0, 1.0]
+    # token-mean: each update's denominator is its response tokens
+    assert plan.denominators == [float(sum(len(r.tokens) for r, k in zip(plan.responses, plan.update) if k == u)) for u in range(3)]
+
+
+def test_rows_are_built_once_as_flat_arrays_with_the_rollouts_tokens() -> None:
+    groups = _groups(2, 2)
+    rows = plan_rows(groups, [[1, 2, 3], [9]], _cfg("training.mini_batch=1")).build()
+    assert rows.tokens.dtype == np.int32 and rows.engine_logprobs.dtype == np.float32
+    assert [s.tokens.tolist() for s in rows.sequences()] == [[1, 2, 3] + g.rollouts[k].data.tokens.tolist() for g in groups[:1] for k in range(2)] + \
+        [[9] + g.rollouts[k].data.tokens.tolist() for g in groups[1:] for k in range(2)]
+    assert rows.update.tolist() == [0, 0, 1, 1]
+    assert rows.nbytes > 0
+
+
+def test_each_dp_group_gets_every_row_once_balanced_by_tokens_with_a_row_of_every_update() -> None:
+    lengths = np.array([10, 1, 1, 1, 9, 2, 5, 5, 5, 5])
+    update = np.array([0, 0, 0, 0, 0, 0, 1, 1, 1, 1])
+    shares = split_by_tokens(lengths, update, 2, 2)
+    assert sorted(i for share in shares for i in share) == list(range(10))
+    assert all(share == sorted(share) for share in shares)
+    assert [sum(lengths[i] for i in share if update[i] == 0) for share in shares] == [12, 12]
+    assert all({int(update[i]) for i in share} == {0, 1} for share in shares)
+    with pytest.raises(ValueError, match="update 1 of the step has 4 rows for 5 data-parallel groups"):
+        split_by_tokens(lengths, update, 2, 5)
+
+
+def test_with_two_dp_groups_the_update_is_the_same_and_each_group_holds_only_its_share() -> None:
+    cfg = _cfg("training.mini_batch=2")
+    one, two = StandInGroup(1), StandInGroup(2)
+    a = update_policy(_groups(8, 4), PROMPTS, cfg, one, None, lambda _: nullcontext())
+    b = update_policy(_groups(8, 4), PROMPTS, cfg, two, None, lambda _: nullcontext())
+    assert a == pytest.approx(b)
+    held = [rank.rows.rows for rank in two.ranks]
+    assert sum(held) == one.ranks[0].rows.rows == 32 and min(held) > 0
 
 
 def test_combine_updates_means_every_metric_and_keeps_the_steps_learning_rate() -> None:

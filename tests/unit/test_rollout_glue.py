@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from megatron_pc.allocation import Request, Rollout, RoundPlan, TrainGroup
 from megatron_pc.cluster.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
 from megatron_pc.rollout.base import GenerationResult, Sample
+from megatron_pc.training.payload import as_payload
 
 
 def test_a_bound_round_is_one_request_list_in_plan_order() -> None:
@@ -19,7 +22,11 @@ def test_rewards_are_paired_with_samples_in_order() -> None:
     result = GenerationResult([[Sample([1], [-0.1], "stop"), Sample([2, 3], [-0.2, -0.3], "length")], [Sample([4], [-0.4], "stop")]])
     out = to_rollouts(result, [(1.0, True), (0.0, False), (0.5, False)])
     assert [[r.reward for r in g] for g in out] == [[1.0, 0.0], [0.5]]
-    assert out[0][1].data == {"tokens": [2, 3], "logprobs": [-0.2, -0.3], "finish": "length"}
+    payload = out[0][1].data
+    assert payload.tokens.tolist() == [2, 3] and payload.logprobs.tolist() == pytest.approx([-0.2, -0.3]) and payload.finish == "length"
+    # A buffered rollout goes into a checkpoint as JSON and comes back as the same payload.
+    back = as_payload(Rollout.from_json(json.loads(json.dumps(out[0][1].to_json()))).data)
+    assert back.tokens.tolist() == [2, 3] and back.logprobs.tolist() == payload.logprobs.tolist() and back.finish == "length"
     with pytest.raises(ValueError):
         to_rollouts(result, [(1.0, True)] * 4)
 
