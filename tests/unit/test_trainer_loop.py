@@ -1,0 +1,83 @@
+"""The training loop itself (megatron_pc.cluster.trainer.Trainer) with in-process stand-ins for
+the policy ranks and the engines: no Ray, no Megatron, no vLLM. The strategies, the reward pool,
+the metrics, the trace and the run checkpoints are the real ones."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from megatron_pc.allocation.check import check_trace
+from megatron_pc.allocation.trace import read_trace
+from megatron_pc.cluster.prepare import RunData
+from megatron_pc.cluster.trainer import Trainer
+from megatron_pc.config import load_config
+from megatron_pc.data.records import PromptRecord
+from megatron_pc.metrics.logger import read_metrics
+from standins import StandInWorkers
+
+
+class DigitTokenizer:
+    """Token t decodes to the digit t % 10."""
+
+    def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return ["".join(str(t % 10) for t in row) for row in ids]
+
+
+def _data(tmp_path: Path) -> RunData:
+    # Answers 0, 1 and 2 are likely under the stand-in policy (small token ids are likelier),
+    # 7..9 rare, so prompts spread from easy to hard.
+    train = [PromptRecord(f"p{i}", f"q{i}", str(i % 10)) for i in range(40)]
+    val = [PromptRecord(f"v{i}", f"v{i}", str(i % 10)) for i in range(10)]
+    return RunData(tmp_path / "model", DigitTokenizer(), train, val, [[1, 2, 3 + i % 5] for i in range(40)], [[4, 5] for _ in range(10)])
+
+
+def _cfg(tmp_path: Path, strategy: str, *overrides: str):
+    return load_config(None, [
+        f"allocation.strategy={strategy}", "allocation.train_batch=4", "allocation.n=8", "allocation.pilot.n=2",
+        "allocation.pilot.batch=8", "allocation.dapo_batch=4", "allocation.on_round_limit=train_partial",
+        "training.steps=4", "training.mini_batch=2", "training.validate_every=2", "training.save_every=2",
+        "training.val_samples=1", f"run_dir={tmp_path / strategy}", *overrides,
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["pilot_commit", "grpo", "dapo"])
+def test_the_loop_trains_validates_checkpoints_and_accounts_without_ray(tmp_path: Path, strategy: str) -> None:
+    cfg = _cfg(tmp_path, strategy)
+    made: list[StandInWorkers] = []
+    trainer = Trainer(cfg, _data(tmp_path), lambda *a: made.append(StandInWorkers(*a)) or made[-1])
+    last = trainer.run()
+    rows = read_metrics(cfg.resolved_run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert all("val_accuracy" in r for r in rows if r["step"] in (0, 2, 4))
+    trained = [r for r in rows[1:] if r.get("updates")]
+    assert trained and all(r["updates"] >= 1 and r["logprob_gap"] == pytest.approx(0.0, abs=1e-6) for r in trained)
+    # old log-probs once per step, on the stand-in ranks
+    policy = made[0].policy
+    assert policy.logprob_calls == len(trained) and policy.model.schedule_steps == len(trained)
+    assert last["cum_generated"] == sum(r["generated"] for r in rows[1:])
+    assert check_trace(read_trace(cfg.resolved_run_dir / "trace.jsonl"), cfg.allocation) == []
+    assert sorted(p.name for p in (cfg.resolved_run_dir / "checkpoints").iterdir() if p.is_dir())[-1].endswith("4")
+    assert made[0].closed
+
+
+def test_a_resumed_loop_continues_from_the_checkpoint(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "pilot_commit")
+    full: list[StandInWorkers] = []
+    Trainer(cfg, _data(tmp_path), lambda *a: full.append(StandInWorkers(*a)) or full[-1]).run()
+    first = read_metrics(cfg.resolved_run_dir / "metrics.jsonl")
+    # Again in a new directory: 2 steps, then 2 more resumed from the step-2 checkpoint.
+    other = _cfg(tmp_path / "again", "pilot_commit", "training.steps=2")
+    Trainer(other, _data(tmp_path), partial(StandInWorkers)).run()
+    resumed: list[StandInWorkers] = []
+    more = _cfg(tmp_path / "again", "pilot_commit")
+    Trainer(more, _data(tmp_path), lambda *a: resumed.append(StandInWorkers(*a)) or resumed[-1]).run()
+    second = read_metrics(more.resolved_run_dir / "metrics.jsonl")
+    keys = ("generated", "cum_generated", "reward_mean", "loss", "val_accuracy")
+    assert [[r.get(k) for k in keys] for r in second] == [[r.get(k) for k in keys] for r in first]
+    assert read_trace(more.resolved_run_dir / "trace.jsonl") == read_trace(cfg.resolved_run_dir / "trace.jsonl")
+    state = json.loads((more.resolved_run_dir / "checkpoints").joinpath(sorted(p.name for p in (more.resolved_run_dir / "checkpoints").iterdir() if p.is_dir())[-1], "policy", "theta.json").read_text())
+    assert state["steps"] == resumed[0].policy.model.schedule_steps
