@@ -11,6 +11,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "rollout": ("megatron_pc.bench.rollout", "vLLM vs transformers generation tokens/s, weight-sync MB/s"),
     "convert": ("megatron_pc.bench.convert", "HF <-> Megatron conversion time and peak memory"),
     "step": ("megatron_pc.bench.step", "throughput per training step of a config"),
+    "datapath": ("megatron_pc.bench.datapath", "bytes the driver moves and its peak memory in one step's update, before and after"),
     "rollouts": ("megatron_pc.bench.rollouts", "rollouts and seconds to target accuracies per task regime, over seeds; report and plots"),
 }
 
