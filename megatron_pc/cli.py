@@ -11,14 +11,14 @@ from megatron_pc.errors import MegatronPCError
 
 # name -> (module:function, one-line help). Each function takes argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("megatron_pc.cluster.driver:main", "train a policy (default: the tiny CPU configuration)"),
+    "train": ("megatron_pc.driver.train:main", "train a policy (default: the tiny CPU configuration)"),
     "simulate": ("megatron_pc.bench.simulate:main", "compare allocation strategies on a simulated policy"),
     "bench": ("megatron_pc.bench.cli:main", "benchmarks: controller, train, rollout, convert, step, rollouts"),
     "score": ("megatron_pc.training.score:main", "per-token log-probs of given responses under a model"),
     "convert": ("conversion.cli:main", "convert checkpoints: hf-to-megatron | megatron-to-hf"),
     "make-tiny-model": ("megatron_pc.models.tiny:main", "make the tiny CPU model (warm-up on arithmetic)"),
-    "plan": ("megatron_pc.cluster.plan:main", "check a layout fits the cluster and estimate memory per GPU"),
-    "launch": ("megatron_pc.cluster.launch:main", "submit a job through nemo-run (slurm | local)"),
+    "plan": ("megatron_pc.launch.plan:main", "check a layout fits the cluster and estimate memory per GPU"),
+    "launch": ("megatron_pc.launch.nemo:main", "submit a job through nemo-run (slurm | local)"),
     "config": ("megatron_pc.config_cli:main", "print the resolved configuration of an experiment"),
     "report": ("megatron_pc.bench.report:main", "report and plots of validation accuracy against rollouts for any runs"),
 }

@@ -28,7 +28,7 @@ launch_venv="${MEGATRON_PC_LAUNCH_VENV:-.venv-launch}"
 [ -x "$launch_venv/bin/python" ] || "$python" -m venv "$launch_venv"
 "$launch_venv/bin/python" -m pip install -q --upgrade pip
 "$launch_venv/bin/python" -m pip install -q -e '.[launch]'
-"$launch_venv/bin/python" -c 'import nemo_run, megatron_pc.cluster.launch'
+"$launch_venv/bin/python" -c 'import nemo_run, megatron_pc.launch.nemo'
 
 if [ -f slurm/local/install.sh ]; then
     bash slurm/local/install.sh

@@ -7,7 +7,7 @@ update through both methods against in-process stand-ins for every rank:
     before   the method up to 0.5: the global batch as Python lists, sent to every rank for the
              old log-probs, again for the reference log-probs, and again for each mini-batch's
              update; rank 0 sends the log-probs back as lists
-    after    megatron_pc.cluster.update: each DP group's share, as numpy arrays, put into the
+    after    megatron_pc.driver.update: each DP group's share, as numpy arrays, put into the
              object store once; the log-probs stay on the workers; scalars come back
 
 Bytes are what the real serialisation produces: Ray pickles the arguments of every actor call
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from megatron_pc.allocation import Rollout, TrainGroup
-from megatron_pc.cluster.rollouts import groups_to_sequences
-from megatron_pc.cluster.update import plan_rows
+from megatron_pc.driver.rollouts import groups_to_sequences
+from megatron_pc.driver.update import plan_rows
 from megatron_pc.config import Config, load_config
 from megatron_pc.config_cli import split_config_args
 from megatron_pc.training.payload import RolloutPayload, split_by_tokens
@@ -150,7 +150,7 @@ def run_before(cfg: Config, shape: Shape, groups: list[TrainGroup], prompts: lis
 
 
 def run_after(cfg: Config, shape: Shape, groups: list[TrainGroup], prompts: list[np.ndarray]) -> Meter:
-    """megatron_pc.cluster.update's driver: one share per DP group, once; scalars back."""
+    """megatron_pc.driver.update's driver: one share per DP group, once; scalars back."""
     meter = Meter()
     plan = plan_rows(groups, [p for p in prompts], cfg)
     held = 0

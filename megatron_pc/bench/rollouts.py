@@ -124,7 +124,7 @@ def write_validation_set(regime: Regime, size: int, path: Path) -> None:
 
 def finished_steps(run_dir: Path) -> int:
     """Steps of the run that are done and checkpointed (0 when nothing is)."""
-    from megatron_pc.training.run_checkpoints import CheckpointManager
+    from megatron_pc.driver.checkpoints import CheckpointManager
 
     latest = CheckpointManager(run_dir).latest() if (run_dir / "checkpoints").is_dir() else None
     return latest[0] if latest else 0
@@ -135,7 +135,7 @@ def check_same_config(config: str, job: Job, overrides: list[str]) -> None:
     resumed `megatron-pc train` applies: only steps, validation/save intervals, logging may differ)."""
     import yaml
 
-    from megatron_pc.cluster.prepare import RESUMABLE_CHANGES, _flatten
+    from megatron_pc.driver.prepare import RESUMABLE_CHANGES, _flatten
     from megatron_pc.config import load_config, to_dict
 
     current = _flatten(to_dict(load_config(config, [*overrides, f"allocation.strategy={job.strategy}"])))

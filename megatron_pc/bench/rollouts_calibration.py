@@ -69,7 +69,7 @@ def sized_pilot_batch(train_batch: int, keep_rate: float, pilot_n: int, engines:
 
 def calibrate(cfg: Any, validation: Path, prompts: int, cache: Path) -> dict[str, Any]:
     """The start model's success rates on the first ``prompts`` validation prompts (cached in ``cache``)."""
-    from megatron_pc.cluster.prepare import ensure_model
+    from megatron_pc.driver.prepare import ensure_model
     from megatron_pc.data.records import read_prompts
 
     model_path = ensure_model(cfg)

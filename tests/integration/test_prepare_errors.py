@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_pc.cluster.prepare import prepare
+from megatron_pc.driver.prepare import prepare
 from megatron_pc.config import load_config
 from megatron_pc.errors import ConfigError
 

@@ -88,7 +88,7 @@ class StandInGroup:
     def logprob_calls(self) -> int:
         return self.ranks[0].logprob_calls
 
-    # ---- the PolicyGroup protocol (megatron_pc.cluster.update) ----
+    # ---- the PolicyGroup protocol (megatron_pc.driver.update) ----
     def put_shares(self, plan: Any) -> list[Any]:
         self.shares = [plan.build(rows) for rows in split_by_tokens(plan.lengths, plan.update, len(plan.denominators), len(self.ranks))]
         return self.shares

@@ -24,7 +24,7 @@ def test_after_every_token_crosses_once_and_the_peak_stays_under_two_copies(caps
 
 
 def test_shares_are_balanced_by_tokens_at_the_14b_shape() -> None:
-    from megatron_pc.cluster.update import plan_rows
+    from megatron_pc.driver.update import plan_rows
     from megatron_pc.config import load_config
     from megatron_pc.training.payload import split_by_tokens
 

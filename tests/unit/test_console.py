@@ -16,9 +16,9 @@ SCRIPT = textwrap.dedent(
     logging.basicConfig(level=logging.INFO)  # as the CLI does: replaced by setup
     console.setup(Path(sys.argv[1]), verbose=sys.argv[2] == "verbose")
     print("our summary line")
-    console.to_console(logging.getLogger("megatron_pc.cluster.evaluation"), "step %d validation: %.3f", 20, 0.5)
-    logging.getLogger("megatron_pc.cluster.trainer").warning("our warning")
-    logging.getLogger("megatron_pc.cluster.trainer").info("our info detail")
+    console.to_console(logging.getLogger("megatron_pc.driver.evaluation"), "step %d validation: %.3f", 20, 0.5)
+    logging.getLogger("megatron_pc.driver.trainer").warning("our warning")
+    logging.getLogger("megatron_pc.driver.trainer").info("our info detail")
     logging.getLogger("vllm").warning("RotaryEmbedding: Failed to load weights")
     warnings.warn("a library's deprecation")
     os.write(2, b"a C library writes to fd 2\\n")

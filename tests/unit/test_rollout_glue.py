@@ -7,7 +7,7 @@ import json
 import pytest
 
 from megatron_pc.allocation import Request, Rollout, RoundPlan, TrainGroup
-from megatron_pc.cluster.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
+from megatron_pc.driver.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
 from megatron_pc.rollout.base import GenerationResult, Sample
 from megatron_pc.training.payload import as_payload
 

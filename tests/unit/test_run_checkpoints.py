@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_pc.training.run_checkpoints import CheckpointManager, verify
+from megatron_pc.driver.checkpoints import CheckpointManager, verify
 
 
 def _policy(content: bytes):

@@ -1,4 +1,4 @@
-"""The training loop itself (megatron_pc.cluster.trainer.Trainer) with in-process stand-ins for
+"""The training loop itself (megatron_pc.driver.trainer.Trainer) with in-process stand-ins for
 the policy ranks and the engines: no Ray, no Megatron, no vLLM. The strategies, the reward pool,
 the metrics, the trace and the run checkpoints are the real ones."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
-from megatron_pc.cluster.prepare import RunData
-from megatron_pc.cluster.trainer import Trainer
+from megatron_pc.driver.prepare import RunData
+from megatron_pc.driver.trainer import Trainer
 from megatron_pc.config import load_config
 from megatron_pc.data.records import PromptRecord
 from megatron_pc.metrics.logger import read_metrics

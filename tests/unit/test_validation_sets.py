@@ -9,8 +9,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from megatron_pc.cluster.evaluation import Evaluator, prompt_stderr
-from megatron_pc.cluster.prepare import RunData, ValidationData
+from megatron_pc.driver.evaluation import Evaluator, prompt_stderr
+from megatron_pc.driver.prepare import RunData, ValidationData
 from megatron_pc.config import load_config
 from megatron_pc.data.config import DataConfig, ValidationSet
 from megatron_pc.data.loading import load_prompt_sets, load_prompts

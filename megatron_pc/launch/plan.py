@@ -36,7 +36,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron_pc.cluster.models_table import ModelShape, load_model_shape
+from megatron_pc.launch.models_table import ModelShape, load_model_shape
 
 
 GB = 1e9

@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = load_config(*split_config_args(args.config, args.overrides))
 
-    from megatron_pc.cluster.prepare import prepare, record_config
-    from megatron_pc.cluster.trainer import Trainer
+    from megatron_pc.driver.prepare import prepare, record_config
+    from megatron_pc.driver.trainer import Trainer
 
     run_dir = cfg.resolved_run_dir
     record_config(cfg, run_dir)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from megatron_pc.allocation import TrainGroup
-from megatron_pc.cluster.rollouts import rollout_advantages
+from megatron_pc.driver.rollouts import rollout_advantages
 from megatron_pc.config import Config
 from megatron_pc.training.payload import RowPlan, as_payload
 

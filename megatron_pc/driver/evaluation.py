@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from megatron_pc.cluster.prepare import ValidationData
+from megatron_pc.driver.prepare import ValidationData
 from megatron_pc.console import CONSOLE
 from megatron_pc.config import Config
 from megatron_pc.data.loading import DEFAULT_VALIDATION_NAME

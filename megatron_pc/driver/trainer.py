@@ -24,9 +24,9 @@ from typing import Any, Callable, Iterator, Protocol
 from megatron_pc.allocation import StepResult, TrainGroup, build_strategy
 from megatron_pc.allocation.trace import TraceWriter
 from megatron_pc.cluster import groups as G
-from megatron_pc.cluster.evaluation import Evaluator, decode_and_score
-from megatron_pc.cluster.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
-from megatron_pc.cluster.update import PolicyGroup, response_metrics, update_policy
+from megatron_pc.driver.evaluation import Evaluator, decode_and_score
+from megatron_pc.driver.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
+from megatron_pc.driver.update import PolicyGroup, response_metrics, update_policy
 from megatron_pc.config import Config, to_dict
 from megatron_pc.console import CONSOLE
 from megatron_pc.errors import MegatronPCError
@@ -34,7 +34,7 @@ from megatron_pc.metrics.logger import open_metrics
 from megatron_pc.reward.pool import RewardPool
 from megatron_pc.rollout.base import SamplingSettings, derive_seed
 from megatron_pc.training.payload import as_payload
-from megatron_pc.training.run_checkpoints import CheckpointManager
+from megatron_pc.driver.checkpoints import CheckpointManager
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Trainer:
         :class:`RayWorkers`; the unit tests pass in-process stand-ins)."""
         self.cfg = cfg
         self.make_workers = make_workers or RayWorkers
-        self.data = data  # megatron_pc.cluster.prepare.RunData: prompts, token ids, tokenizer
+        self.data = data  # megatron_pc.driver.prepare.RunData: prompts, token ids, tokenizer
         self.run_dir = cfg.resolved_run_dir
         self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.training.keep_checkpoints)
         self.preempted = False

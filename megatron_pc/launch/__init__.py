@@ -1,0 +1,1 @@
+"""Launching: the layout planner, the models table and nemo-run submission."""
