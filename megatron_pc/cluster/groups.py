@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -254,15 +253,6 @@ def engine_group(cfg: Config, placement: Placement, model_path: str, run_dir: Pa
     return EngineGroup(lambda k: RayEngine(cfg, placement, model_path, run_dir, k), cfg.rollout.engines, concurrent=True)
 
 
-_TRANSPORT_METHODS = {
-    "object_store": ("export_buckets", "update_weights"),  # the bucket itself, through Ray
-    "broadcast": ("broadcast_buckets", "receive_bucket"),  # its metadata; the tensors follow over the group
-    "cuda_ipc": ("share_buckets", "load_shared_bucket"),  # a CUDA IPC handle of it
-}
-"""Per transport: rank 0's streaming method (what it yields per bucket) and the engine
-actor's method that takes that and loads the bucket."""
-
-
 def peak_memory(policy: MegatronGroup | None, reference: MegatronGroup | None, engines: EngineGroup | None) -> dict[str, int]:
     """Peak RSS in bytes of the driver and of every actor still alive, by name."""
     from megatron_pc.cluster.workers import peak_rss_bytes
@@ -276,46 +266,3 @@ def peak_memory(policy: MegatronGroup | None, reference: MegatronGroup | None, e
         if isinstance(engine, RayEngine) and engine.alive:
             refs[engine.name] = engine.actor.peak_rss.remote()
     return {"driver": peak_rss_bytes(), **dict(zip(refs, ray.get(list(refs.values()), timeout=60)))}
-
-
-def sync_weights(policy: MegatronGroup, engines: EngineGroup, bucket_mb: int, transport: str = "object_store") -> dict[str, float]:
-    """Stream the policy's weights (HF names, full tensors) into every engine, bucket by bucket.
-
-    ``transport`` is a resolved ``rollout.weight_transport`` (see rollout/transport.py).
-    Bucket k is loading into the engines while bucket k+1 is being gathered; peak memory stays
-    near two buckets. Returns seconds and MB moved.
-    """
-    ray = _import_ray()
-    if transport not in _TRANSPORT_METHODS:
-        raise ValueError(f"unknown weight transport {transport!r} (resolve rollout.weight_transport first)")
-    start = time.perf_counter()
-    if transport != "object_store":
-        _connect_weight_channel(policy, engines, transport)
-    send, load = _TRANSPORT_METHODS[transport]
-    pending, moved = [], 0
-    for ref in policy.export_buckets(bucket_mb * 2**20, send):
-        pending += [getattr(engine.actor, load).remote(ref) for engine in engines.engines]
-    for stats in ray.get(pending):
-        moved += stats["bytes"]
-    moved //= max(len(engines.engines), 1)
-    seconds = time.perf_counter() - start
-    return {"sync_seconds": seconds, "sync_mb": moved / 1e6, "sync_mb_per_s": moved / 1e6 / seconds if seconds else 0.0}
-
-
-def _connect_weight_channel(policy: MegatronGroup, engines: EngineGroup, transport: str) -> None:
-    """Open rank 0's channel to the current engine actors, unless it is open already (a
-    restarted engine is a new actor: then everyone joins a new channel)."""
-    from megatron_pc.rollout.transport import DEFAULT_TIMEOUT_S as timeout_s
-
-    ray = _import_ray()
-    key = (transport, tuple(engines.engines))  # engines compare by identity
-    if policy.weight_channel == key:
-        return
-    sender = policy.actors[0]
-    names = [engine.name for engine in engines.engines]
-    address = ray.get(sender.open_weight_channel.remote(transport, names, timeout_s))
-    size = len(names) + 1
-    joins = [engine.actor.join_weight_channel.remote(transport, address, k + 1, size, timeout_s) for k, engine in enumerate(engines.engines)]
-    ray.get([sender.connect_weight_channel.remote(), *joins])
-    policy.weight_channel = key
-    logger.info("weight sync: %s channel at %s to %s", transport, address, ", ".join(names))

@@ -135,7 +135,7 @@ class MegatronRank:
     def _buckets(self, bucket_bytes: int, *, to_cpu: bool) -> Iterator[list[tuple[str, Any]]]:
         """HF-named full tensors in buckets of about ``bucket_bytes`` (collective; rank 0 yields)."""
         from megatron_pc.models.export import iter_hf_tensors
-        from megatron_pc.rollout.transport import buckets_by_layer
+        from megatron_pc.weight_sync.buckets import buckets_by_layer
 
         tensors = ((name, t.detach().cpu().contiguous() if to_cpu else t.detach()) for name, t in iter_hf_tensors(self.worker.module, self.worker.arch))
         yield from buckets_by_layer(tensors, bucket_bytes)
@@ -148,7 +148,7 @@ class MegatronRank:
         """
         yield from self._buckets(bucket_bytes, to_cpu=True)
 
-    # ---- broadcast / CUDA IPC weight sync (rank 0 is the sender; see rollout/transport.py) ----
+    # ---- broadcast / CUDA IPC weight sync (rank 0 is the sender; see megatron_pc.weight_sync) ----
     def open_weight_channel(self, transport: str, receivers: list[str], timeout_s: float) -> str:
         """Rank 0: host a new channel to the named engines (closing any old one); returns the
         address the engines join."""
@@ -156,7 +156,7 @@ class MegatronRank:
         import torch
 
         from megatron_pc import platform
-        from megatron_pc.rollout.transport import open_sender
+        from megatron_pc.weight_sync.transports import open_sender
 
         if self.rank != 0:
             raise RuntimeError(f"policy rank {self.rank}: only rank 0 sends weights")
@@ -183,7 +183,7 @@ class MegatronRank:
     def broadcast_buckets(self, bucket_bytes: int) -> Iterator[list[Any]]:
         """Collective: rank 0 yields each bucket's metadata, then broadcasts the bucket (the
         driver hands the metadata to the engines, which receive it); other ranks yield nothing."""
-        from megatron_pc.rollout.transport import bucket_meta
+        from megatron_pc.weight_sync.buckets import bucket_meta
 
         for bucket in self._buckets(bucket_bytes, to_cpu=False):
             yield bucket_meta(bucket)
@@ -236,7 +236,7 @@ class EngineActor:
         import torch
 
         from megatron_pc import platform
-        from megatron_pc.rollout.transport import join_receiver
+        from megatron_pc.weight_sync.transports import join_receiver
 
         self.close_weight_channel()
         device = platform.device() if torch.cuda.is_available() else "cpu"

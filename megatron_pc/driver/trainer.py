@@ -34,6 +34,7 @@ from megatron_pc.metrics.logger import open_metrics
 from megatron_pc.reward.pool import RewardPool
 from megatron_pc.rollout.base import SamplingSettings, derive_seed
 from megatron_pc.training.payload import as_payload
+from megatron_pc.weight_sync.sync import sync_weights
 from megatron_pc.driver.checkpoints import CheckpointManager
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class RayWorkers:
 
     def sync_weights(self) -> dict[str, float]:
         """Stream the policy's weights into every engine (rollout.weight_transport)."""
-        return G.sync_weights(self.policy, self.engines, self.cfg.rollout.sync_bucket_mb, self.transport)
+        return sync_weights(self.policy, self.engines, self.cfg.rollout.sync_bucket_mb, self.transport)
 
     def peak_memory(self) -> dict[str, int]:
         """Peak RSS of the driver and of every actor still alive."""

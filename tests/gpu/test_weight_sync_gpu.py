@@ -17,15 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from megatron_pc.rollout.transport import (
-    IpcReceiver,
-    IpcSender,
-    Rendezvous,
-    TransportError,
-    bucket_meta,
-    join_receiver,
-    open_sender,
-)
+from megatron_pc.weight_sync.buckets import TransportError, bucket_meta
+from megatron_pc.weight_sync.cuda_ipc import IpcReceiver, IpcSender
+from megatron_pc.weight_sync.rendezvous import Rendezvous
+from megatron_pc.weight_sync.transports import join_receiver, open_sender
 from megatron_pc.training.launch import free_port
 
 pytestmark = pytest.mark.gpu

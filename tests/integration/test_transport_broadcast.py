@@ -18,7 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron_pc.rollout.transport import bucket_meta, join_receiver, open_sender
+from megatron_pc.weight_sync.buckets import bucket_meta
+from megatron_pc.weight_sync.transports import join_receiver, open_sender
 from megatron_pc.training.launch import free_port
 
 pytestmark = pytest.mark.integration

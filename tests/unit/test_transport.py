@@ -10,7 +10,7 @@ import torch
 from megatron_pc.config import load_config
 from megatron_pc.errors import ConfigError
 from megatron_pc.rollout.config import RolloutConfig
-from megatron_pc.rollout.transport import ALIGN, TensorMeta, TransportError, bucket_meta, layout, pack, unpack
+from megatron_pc.weight_sync.buckets import ALIGN, TensorMeta, TransportError, bucket_meta, layout, pack, unpack
 
 
 def _bucket() -> list[tuple[str, torch.Tensor]]:
@@ -113,7 +113,7 @@ def test_config_refuses_cuda_ipc_in_split_placement_or_with_several_engines_or_e
 
 
 def test_buckets_never_split_a_decoder_layer_between_two_engine_reloads() -> None:
-    from megatron_pc.rollout.transport import buckets_by_layer, weight_unit
+    from megatron_pc.weight_sync.buckets import buckets_by_layer, weight_unit
 
     names = ["model.embed_tokens.weight"]
     for layer in range(4):
@@ -131,3 +131,15 @@ def test_buckets_never_split_a_decoder_layer_between_two_engine_reloads() -> Non
     assert len(list(buckets_by_layer(named, bucket_bytes=10**9))) == 1
     assert weight_unit("model.layers.12.self_attn.qkv_proj.weight") == "model.layers.12"
     assert weight_unit("lm_head.weight") == "lm_head"
+
+
+def test_transports_are_registered_by_exact_name_each_with_its_worker_methods() -> None:
+    from megatron_pc.weight_sync.transports import TRANSPORTS, get_transport
+
+    assert list(TRANSPORTS) == ["object_store", "broadcast", "cuda_ipc"]
+    assert (get_transport("broadcast").send_method, get_transport("broadcast").load_method) == ("broadcast_buckets", "receive_bucket")
+    assert not get_transport("object_store").has_channel and get_transport("cuda_ipc").has_channel
+    with pytest.raises(TransportError, match="unknown weight transport 'Broadcast': one of object_store, broadcast, cuda_ipc"):
+        get_transport("Broadcast")
+    with pytest.raises(TransportError, match="the object_store transport has no channel to open"):
+        get_transport("object_store").open_sender("127.0.0.1", ["engine0"], "cpu", 1.0, 0)
