@@ -157,3 +157,30 @@ def job_schedule(path: Path, updates_per_step: int, n_steps: int, seqs: list[Seq
             used.append(out["lr"])
             metrics.append(out)
     return {"lr_used": used, "lr_next": float(worker.optimizer.param_groups[0]["lr"]), "step": worker.step, "metrics": metrics}
+
+
+def job_train_shares(path: Path, tp: int, seqs: list[Sequence], n_steps: int) -> dict[str, Any]:
+    """The driver's path: each DP group gets only its share of ``seqs`` (split by tokens, as
+    StepRows), computes its old log-probs locally and trains on them (train_local); returns
+    losses and the global log-probs before and after, as job_train does."""
+    import numpy as np
+    from megatron.core import parallel_state as ps
+
+    from megatron_pc.training.batching import loss_denominator
+    from megatron_pc.training.payload import RolloutPayload, RowPlan, split_by_tokens
+    from megatron_pc.training.worker import PolicyWorker
+
+    _init(tp, 1)
+    worker = PolicyWorker(model_cfg(path, tp), train_cfg())
+    worker.load_hf()
+    before = worker.compute_logprobs(seqs)
+    plan = RowPlan([np.asarray(s.tokens[: s.prompt_len], dtype=np.int32) for s in seqs],
+                   [RolloutPayload.of(s.tokens[s.prompt_len :], [0.0] * s.response_len, "stop") for s in seqs],
+                   [s.advantage for s in seqs], np.zeros(len(seqs), dtype=np.int32),
+                   [loss_denominator("token-mean", seqs)], [1.0])  # fmt: skip
+    shares = split_by_tokens(plan.lengths, plan.update, 1, ps.get_data_parallel_world_size())
+    mine = plan.build(shares[ps.get_data_parallel_rank()]).sequences()
+    for seq, (lp, _) in zip(mine, worker.local_logprobs(mine)):
+        seq.old_logprobs = lp
+    losses = [worker.train_local(mine, plan.denominators[0])["loss"] for _ in range(n_steps)]
+    return {"losses": losses, "before": before, "after": worker.compute_logprobs(seqs), "rows": len(mine)}

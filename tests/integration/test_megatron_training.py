@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from megatron_helpers import job_logprobs, job_train, make_hf_model, toy_sequences
+from megatron_helpers import job_logprobs, job_train, job_train_shares, make_hf_model, toy_sequences
 from megatron_pc.training.launch import run_distributed
 
 pytestmark = pytest.mark.integration
@@ -83,3 +83,14 @@ def test_checkpoint_saved_at_tp2_loads_at_tp1_and_at_pp2_with_same_logprobs(
     pp2 = run_distributed(job_logprobs, 2, model_dir, 1, 2, seqs, ckpt, timeout_s=300)
     assert _max_diff(at_save, tp1) <= 1e-5
     assert _max_diff(tp1, pp2[0]) <= 1e-5 and _max_diff(tp1, pp2[1]) <= 1e-5
+
+
+def test_dp2_trained_on_token_balanced_shares_matches_dp1(model_dir: Path) -> None:
+    """The driver's path (megatron_pc.driver.update): each DP group holds only its share, and
+    the update equals the one at DP=1 on the whole batch."""
+    seqs = toy_sequences()
+    one = run_distributed(partial(job_train, lr=1e-3), 1, model_dir, 1, 1, toy_sequences(), 2, timeout_s=300)[0]
+    two = run_distributed(job_train_shares, 2, model_dir, 1, seqs, 2, timeout_s=300)
+    assert sum(r["rows"] for r in two) == len(seqs) and min(r["rows"] for r in two) > 0
+    assert two[0]["losses"] == pytest.approx(one["losses"], abs=1e-5)
+    assert _max_diff(one["after"], two[0]["after"]) <= 1e-5 and _max_diff(one["after"], two[1]["after"]) <= 1e-5
