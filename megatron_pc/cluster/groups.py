@@ -147,13 +147,14 @@ class MegatronGroup:
         ray = _import_ray()
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
 
-    def put_shares(self, rows: Any) -> list[Any]:
-        """A step's rows (StepRows) split by DP group, balanced by tokens, each share put into
-        the object store once; the ObjectRef of every group's share."""
+    def put_shares(self, plan: Any) -> list[Any]:
+        """A step's rows (a RowPlan) split by DP group, balanced by tokens, each share built and
+        put into the object store once; the ObjectRef of every group's share."""
         from megatron_pc.training.payload import split_by_tokens
 
         ray = _import_ray()
-        return [ray.put(rows.take(mine)) for mine in split_by_tokens(rows, self.data_parallel)]
+        shares = split_by_tokens(plan.lengths, plan.update, len(plan.denominators), self.data_parallel)
+        return [ray.put(plan.build(mine)) for mine in shares]
 
     def call_per_group(self, method: str, per_group: Sequence[Any], *args: Any) -> list[Any]:
         """Run ``method(per_group[dp], *args)`` on every rank, ``dp`` its DP group (an ObjectRef
