@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -60,6 +61,14 @@ def pack(lengths: list[int], token_budget: int) -> list[list[int]]:
     return groups
 
 
+def _tensor(values: Any, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of a list, a tensor or a numpy vector (copied when numpy, whose arrays read
+    from Ray's object store are read-only views)."""
+    if isinstance(values, np.ndarray):
+        return torch.from_numpy(values.astype(np.float32 if dtype == torch.float32 else np.int64))
+    return torch.as_tensor(values, dtype=dtype)
+
+
 def _per_token(seqs: list[Sequence], name: str, width: int) -> torch.Tensor | None:
     values = [getattr(s, name) for s in seqs]
     if any(v is None for v in values):
@@ -68,7 +77,7 @@ def _per_token(seqs: list[Sequence], name: str, width: int) -> torch.Tensor | No
     for row, (seq, vals) in enumerate(zip(seqs, values)):
         if len(vals) != seq.response_len:
             raise ValueError(f"{name}: {len(vals)} values for {seq.response_len} response tokens")
-        out[row, seq.prompt_len - 1: len(seq.tokens) - 1] = torch.as_tensor(vals, dtype=torch.float32)
+        out[row, seq.prompt_len - 1: len(seq.tokens) - 1] = _tensor(vals, torch.float32)
     return out
 
 
@@ -80,7 +89,7 @@ def collate(seqs: list[Sequence], index: list[int], pad_id: int = 0) -> MicroBat
     for row, seq in enumerate(seqs):
         if seq.prompt_len < 1 or seq.response_len < 1:
             raise ValueError("a sequence needs at least one prompt and one response token")
-        ids[row, : len(seq.tokens)] = torch.as_tensor(seq.tokens, dtype=torch.long)
+        ids[row, : len(seq.tokens)] = _tensor(seq.tokens, torch.long)
         mask[row, seq.prompt_len - 1: len(seq.tokens) - 1] = 1.0
     extras = {n: t for n in ("old_logprobs", "ref_logprobs", "engine_logprobs")
               if (t := _per_token(seqs, n, length - 1)) is not None}
