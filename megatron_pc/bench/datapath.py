@@ -118,16 +118,6 @@ class Meter:
         self.received += sum(serialized_bytes(r) for r in results)
 
 
-def _updates(cfg: Config, seqs: list[Any], groups: list[TrainGroup]) -> list[tuple[list[Any], float]]:
-    """The mini-batches of the method before (same partition as plan_rows)."""
-    t, a = cfg.training, cfg.allocation
-    if t.mini_batch_unit == "groups":
-        per = sum(len(g.rollouts) for g in groups[: t.mini_batch])
-        return [(seqs[i : i + per], 1.0) for i in range(0, len(seqs), per)]
-    size = t.mini_batch * (a.commit_rollouts if a.strategy == "pilot_commit" else a.n)
-    return [(seqs[i : i + size], len(seqs[i : i + size]) / size) for i in range(0, len(seqs), size)]
-
-
 def run_before(cfg: Config, shape: Shape, groups: list[TrainGroup], prompts: list[np.ndarray]) -> Meter:
     """The driver of 0.5: Python lists to every rank, three times over."""
     meter = Meter()
@@ -143,7 +133,9 @@ def run_before(cfg: Config, shape: Shape, groups: list[TrainGroup], prompts: lis
         for s, lp in zip(seqs, old):
             s.ref_logprobs = lp
     del old
-    for batch, scale in _updates(cfg, seqs, groups):
+    plan = plan_rows(groups, prompts, cfg)  # the same mini-batches, over the same rows
+    for k, scale in enumerate(plan.loss_scales):
+        batch = [seqs[i] for i in np.flatnonzero(plan.update == k)]
         meter.call_same((batch, scale, False), shape.ranks)
         meter.back([{"loss": 0.0, "grad_norm": 0.0, "update_ok": 1.0, "lr": 0.0}] * shape.ranks)
     return meter

@@ -101,22 +101,6 @@ class StepRows:
                                 engine_logprobs=self.engine_logprobs[resp[i] : resp[i + 1]]))  # fmt: skip
         return out
 
-    @classmethod
-    def from_sequences(cls, per_update: Seq[Seq[Sequence]], denominators: Seq[float], loss_scales: Seq[float]) -> StepRows:
-        """Rows of a step's updates (each a list of sequences with engine log-probs)."""
-        seqs = [s for batch in per_update for s in batch]
-        lengths = np.array([len(s.tokens) for s in seqs], dtype=np.int64)
-        return cls(
-            tokens=np.concatenate([np.asarray(s.tokens, dtype=np.int32) for s in seqs]) if seqs else np.zeros(0, np.int32),
-            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            prompt_lens=np.array([s.prompt_len for s in seqs], dtype=np.int32),
-            advantages=np.array([s.advantage for s in seqs], dtype=np.float32),
-            engine_logprobs=np.concatenate([np.asarray(s.engine_logprobs, dtype=np.float32) for s in seqs]) if seqs else np.zeros(0, np.float32),
-            update=np.array([k for k, batch in enumerate(per_update) for _ in batch], dtype=np.int32),
-            denominators=list(denominators),
-            loss_scales=list(loss_scales),
-        )
-
 
 @dataclass
 class RowPlan:
@@ -140,19 +124,12 @@ class RowPlan:
         """Tokens of each row (prompt + response)."""
         return np.array([len(p) + len(r.tokens) for p, r in zip(self.prompts, self.responses)], dtype=np.int64)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one copy of all rows as a StepRows."""
-        tokens = int(self.lengths.sum())
-        responses = sum(len(r.tokens) for r in self.responses)
-        return 4 * tokens + 4 * responses + 8 * (self.rows + 1) + 12 * self.rows
-
     def build(self, rows: Seq[int] | None = None) -> StepRows:
         """These rows (default: all), in the order given, as one StepRows."""
         idx = range(self.rows) if rows is None else rows
         prompts = [self.prompts[i] for i in idx]
         responses = [self.responses[i] for i in idx]
-        lengths = np.array([len(p) + len(r.tokens) for p, r in zip(prompts, responses)], dtype=np.int64)
+        lengths = self.lengths[list(idx)]
         tokens = np.concatenate([a for p, r in zip(prompts, responses) for a in (p, r.tokens)]).astype(np.int32, copy=False) if prompts else np.zeros(0, np.int32)
         engine = np.concatenate([r.logprobs for r in responses]).astype(np.float32, copy=False) if responses else np.zeros(0, np.float32)
         return StepRows(tokens, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
