@@ -20,6 +20,10 @@ class ClusterConfig:
     """Data-parallel size of the policy (devices = TP x PP x DP)."""
     cpus_per_worker: float = 1.0
     """Ray CPUs reserved per worker on CPU runs."""
+    cpu_threads: int | None = None
+    """Torch threads of each policy rank and engine on CPU runs. None: the node's cores shared
+    by the workers busy at once (colocated: a phase's workers have all of them; split: the
+    policy's and the engines' pools share them)."""
     gpu_memory_gb: float = 141.0
     """Memory of one GPU in GB (10^9 bytes) that ``megatron-pc plan`` checks layouts against;
     141 is an H200. ``plan --gpu-memory-gb`` overrides it for one check."""
@@ -29,5 +33,7 @@ class ClusterConfig:
             raise ConfigError("data_parallel", f"must be >= 1, got {self.data_parallel}")
         if self.cpus_per_worker <= 0:
             raise ConfigError("cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError("cpu_threads", f"must be >= 1 or null, got {self.cpu_threads}")
         if self.gpu_memory_gb <= 0:
             raise ConfigError("gpu_memory_gb", f"must be > 0, got {self.gpu_memory_gb}")

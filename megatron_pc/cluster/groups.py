@@ -67,6 +67,24 @@ def stop_ray(started: bool) -> None:
         _import_ray().shutdown()
 
 
+def cpu_threads(cfg: Config, cores: int) -> dict[str, int]:
+    """Torch threads of each policy (and reference) rank and of each engine on a CPU run.
+
+    ``cluster.cpu_threads`` if set; else the node's cores shared by the workers busy at once.
+    Colocated, the loop runs one phase at a time: the policy's ranks have the cores while they
+    compute log-probs or train, the engines while they generate. Split, both pools hold their
+    cores all the time. An engine with tensor_parallel > 1 is bound by vLLM's own CPU binding.
+    """
+    if cfg.cluster.cpu_threads is not None:
+        return {"policy": cfg.cluster.cpu_threads, "engine": cfg.cluster.cpu_threads}
+    world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
+    engines = cfg.rollout.engines * cfg.rollout.tensor_parallel
+    if cfg.cluster.placement == "colocated":
+        return {"policy": max(1, cores // world), "engine": max(1, cores // engines)}
+    both = max(1, cores // (world + engines))
+    return {"policy": both, "engine": both}
+
+
 class Placement:
     """The placement group of a run and which bundle each role uses."""
 
@@ -87,9 +105,11 @@ class Placement:
         self.engine_offset = 0 if self.colocated else self.world
         self.roles = 1 + int(cfg.training.kl_coef > 0) + int(self.colocated)  # policy, reference, engine
         self.cpus = cfg.cluster.cpus_per_worker
+        self.threads = cpu_threads(cfg, len(os.sched_getaffinity(0)))
 
-    def options(self, bundle: int, gpus: float = 1.0) -> dict[str, Any]:
-        """Actor options that pin it to ``bundle`` with its share of the bundle's resources."""
+    def options(self, bundle: int, role: str, gpus: float = 1.0) -> dict[str, Any]:
+        """Actor options that pin it to ``bundle`` with its share of the bundle's resources;
+        on CPU also the threads of its ``role`` ("policy" or "engine")."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         share = 1.0 / self.roles
@@ -99,6 +119,9 @@ class Placement:
         }
         if self.use_gpu:
             opts["num_gpus"] = gpus * share
+        else:
+            # Read by torch (and so by vLLM) when the actor starts; Ray merges it into the job's env.
+            opts["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(self.threads[role])}}
         return opts
 
     def remove(self) -> None:
@@ -132,7 +155,7 @@ class MegatronGroup:
         master = _master_address(placement)
         cls = ray.remote(MegatronRank)
         self.actors = [
-            cls.options(**placement.options(rank)).remote(rank, placement.world, master, cfg.model, cfg.training, cfg.seed, trainable)
+            cls.options(**placement.options(rank, "policy")).remote(rank, placement.world, master, cfg.model, cfg.training, cfg.seed, trainable)
             for rank in range(placement.world)
         ]
         ray.get([a.ready.remote() for a in self.actors])
@@ -198,7 +221,7 @@ class RayEngine(RolloutEngine):
         ray = _import_ray()
         self.name = f"engine{index}"
         bundle = placement.engine_offset + index * cfg.rollout.tensor_parallel
-        actor_cls = ray.remote(EngineActor).options(**placement.options(bundle, gpus=1.0))
+        actor_cls = ray.remote(EngineActor).options(**placement.options(bundle, "engine", gpus=1.0))
         self.actor = actor_cls.remote(model_path, cfg.rollout, str(run_dir), self.name, cfg.seed + index, cfg.data.max_prompt_tokens)
         self._alive = True
         self._get(self.actor.ready.remote())

@@ -15,10 +15,22 @@ logger = logging.getLogger(__name__)
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of the calling process (Linux reports kilobytes)."""
-    import resource
+    """Peak resident set size of the calling process: ``VmHWM`` of /proc/self/status.
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    Not ``getrusage().ru_maxrss``: Linux carries that across ``execve``, so a process started
+    by a large parent (a driver started by pytest, a launcher) reports the parent's size at
+    fork as its own peak. VmHWM belongs to the address space, which exec replaces.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    import resource  # no procfs (macOS): the best there is, in bytes there
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 class MegatronRank:

@@ -113,3 +113,20 @@ def test_every_config_file_in_configs_loads() -> None:
     assert files, "configs/ holds the named experiments"
     for path in files:
         load_config(path)
+
+
+def test_cpu_threads_share_the_cores_between_the_workers_busy_at_once() -> None:
+    from megatron_pc.cluster.groups import cpu_threads
+
+    def threads(*overrides: str, cores: int = 8) -> dict[str, int]:
+        return cpu_threads(load_config(None, list(overrides)), cores)
+
+    # Colocated: a phase's workers have every core (the policy trains while the engines idle).
+    assert threads() == {"policy": 8, "engine": 8}
+    assert threads("model.tensor_parallel=2", "cluster.data_parallel=2", "rollout.engines=2") == {"policy": 2, "engine": 4}
+    assert threads("model.tensor_parallel=3", cores=2) == {"policy": 1, "engine": 2}
+    # Split: both pools run at once and share the cores.
+    assert threads("cluster.placement=split", "model.tensor_parallel=2", "rollout.engines=2") == {"policy": 2, "engine": 2}
+    assert threads("cluster.cpu_threads=3") == {"policy": 3, "engine": 3}
+    with pytest.raises(ConfigError, match="cpu_threads"):
+        load_config(None, ["cluster.cpu_threads=0"])
