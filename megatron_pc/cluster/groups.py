@@ -226,6 +226,11 @@ class RayEngine(RolloutEngine):
         self._alive = True
         self._get(self.actor.ready.remote())
 
+    def result(self, ref: Any) -> Any:
+        """The value of a call made on the actor: an :class:`EngineError` if it failed, and
+        the engine is marked dead if its process died."""
+        return self._get(ref)
+
     def _get(self, ref: Any) -> Any:
         ray = _import_ray()
         try:
@@ -289,4 +294,10 @@ def peak_memory(policy: MegatronGroup | None, reference: MegatronGroup | None, e
     for engine in engines.engines if engines is not None else []:
         if isinstance(engine, RayEngine) and engine.alive:
             refs[engine.name] = engine.actor.peak_rss.remote()
-    return {"driver": peak_rss_bytes(), **dict(zip(refs, ray.get(list(refs.values()), timeout=60)))}
+    peaks = {"driver": peak_rss_bytes()}
+    for name, ref in refs.items():
+        try:
+            peaks[name] = ray.get(ref, timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            logger.warning("peak RSS of %s: its process is gone", name)
+    return peaks

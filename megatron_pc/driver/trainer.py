@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Protocol
 from megatron_pc.allocation import StepResult, TrainGroup, build_strategy
 from megatron_pc.allocation.trace import TraceWriter
 from megatron_pc.cluster import groups as G
+from megatron_pc.driver.engines import RestartingEngines
 from megatron_pc.driver.evaluation import Evaluator, decode_and_score
 from megatron_pc.driver.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
 from megatron_pc.driver.update import PolicyGroup, response_metrics, update_policy
@@ -70,6 +71,9 @@ class Workers(Protocol):
     def sync_weights(self) -> dict[str, float]:
         """Push the policy's weights into the engines; seconds and MB moved."""
 
+    def restart_engine(self, index: int) -> None:
+        """Start engine ``index`` anew (its process died) with the policy's current weights."""
+
     def peak_memory(self) -> dict[str, int]:
         """Peak RSS in bytes of the driver and of every worker, by name."""
 
@@ -100,6 +104,11 @@ class RayWorkers:
     def sync_weights(self) -> dict[str, float]:
         """Stream the policy's weights into every engine (rollout.weight_transport)."""
         return sync_weights(self.policy, self.engines, self.cfg.rollout.sync_bucket_mb, self.transport)
+
+    def restart_engine(self, index: int) -> None:
+        """A new engine actor in the dead one's bundle, then every engine gets the policy's weights."""
+        self.engines.restart(index)
+        self.sync_weights()
 
     def peak_memory(self) -> dict[str, int]:
         """Peak RSS of the driver and of every actor still alive."""
@@ -133,6 +142,7 @@ class Trainer:
         trace = TraceWriter(self.run_dir / "trace.jsonl", keep_through_step=self.resume_step if latest else None) if cfg.logging.trace else None
         self.strategy = build_strategy(cfg.allocation, len(data.train), cfg.seed, cfg.rollout.engines, trace)
         self.tokens_total = 0
+        self.engines: RestartingEngines | None = None  # the workers' engines, restarted when they die
         # Refuse a transport the devices cannot serve before any worker starts.
         self.transport = cfg.rollout.resolve_transport(use_gpu=_has_gpu(), colocated=cfg.cluster.placement == "colocated")
 
@@ -151,10 +161,11 @@ class Trainer:
         last: dict[str, float] = {}
         try:
             workers.start()
-            policy, engines = workers.policy, workers.engines
+            policy = workers.policy
+            self.engines = RestartingEngines(workers.engines, workers.restart_engine, cfg.rollout.engine_restarts)
             with RewardPool(cfg.reward, max_tokens=cfg.rollout.max_tokens) as rewards:
                 self._start(workers)
-                evaluator = Evaluator(cfg, self.data, engines, rewards)
+                evaluator = Evaluator(cfg, self.data, self.engines, rewards)
                 metrics = open_metrics(cfg.logging, self.run_dir, cfg.name, cfg.training.steps, self.resume_step or None, to_dict(cfg))
                 try:
                     if self.resume_step == 0:
@@ -188,7 +199,7 @@ class Trainer:
             state = self.checkpoints.load_controller(self.resume_path)
             self.strategy.load_state_dict(state["strategy"])
             self.tokens_total = state["tokens_total"]
-            workers.sync_weights()
+            self._engines.call("weight sync", workers.sync_weights)
         else:
             workers.policy.call("load_hf", str(self.data.model_path))
         if workers.reference is not None:
@@ -196,11 +207,12 @@ class Trainer:
 
     def _step(self, step: int, workers: Workers, rewards: RewardPool, evaluator: Evaluator) -> dict[str, float]:
         timer = Timer()
+        restarts = self._engines.restarts
         with timer("total"):
-            tokens, responses = self._generate(workers.engines, rewards, timer)
+            tokens, responses = self._generate(self._engines, rewards, timer)
             result = self.strategy.finish_step()
             train = self._update(result, workers, timer)
-            gap = self._check_sync(result, workers.policy, workers.engines, timer)
+            gap = self._check_sync(result, workers.policy, self._engines, timer)
             val = evaluator.run(step) if step % self.cfg.training.validate_every == 0 or step == self.cfg.training.steps else {}
         self.tokens_total += tokens
         gen_s = timer.seconds.get("generate", 0.0)
@@ -209,6 +221,7 @@ class Trainer:
             **{f"time_{k}": v for k, v in timer.seconds.items()},
             "generated_tokens": tokens, "cum_generated_tokens": self.tokens_total,
             "gen_tokens_per_s": tokens / gen_s if gen_s else 0.0,
+            "engine_restarts": self._engines.restarts - restarts,
         }
 
     def _generate(self, engines: Any, rewards: RewardPool, timer: Timer) -> tuple[int, dict[str, float]]:
@@ -236,11 +249,11 @@ class Trainer:
         if not result.groups:
             logger.warning("step %d: empty train batch (train_partial): no update", result.step)
             return {}
-        workers.engines.sleep()  # colocated engines free the device while the policy trains
+        self._engines.sleep()  # colocated engines free the device while the policy trains
         out = update_policy(result.groups, self.data.train_tokens, self.cfg, workers.policy, workers.reference, timer)
-        workers.engines.wake()
+        self._engines.wake()
         with timer("sync"):
-            out.update(workers.sync_weights())
+            out.update(self._engines.call("weight sync", workers.sync_weights))
         return out
 
     def _check_sync(self, result: StepResult, policy: PolicyGroup, engines: Any, timer: Timer) -> float:
@@ -264,6 +277,11 @@ class Trainer:
                 f"rollout.logprob_gap_max {self.cfg.rollout.logprob_gap_max}: the sync or the name maps are broken"
             )
         return gap
+
+    @property
+    def _engines(self) -> RestartingEngines:
+        assert self.engines is not None, "the workers have not started"
+        return self.engines
 
     def _save(self, step: int, policy: PolicyGroup) -> None:
         controller = {"step": step, "strategy": self.strategy.state_dict(), "tokens_total": self.tokens_total, "config": to_dict(self.cfg)}

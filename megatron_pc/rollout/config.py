@@ -40,6 +40,9 @@ class RolloutConfig:
     ``object_store`` otherwise (CPU runs, several colocated engines). ``broadcast`` and
     ``cuda_ipc`` need ``tensor_parallel: 1``: the engine actor receives, and only an
     in-process TP=1 engine holds the model there."""
+    engine_restarts: int = 3
+    """Restarts of dead engines in a row (no engine call succeeding in between) before the run
+    stops; a restarted engine gets the policy's weights and the failed call is replayed."""
     logprob_gap_max: float = 0.05
     """Error when engine and trainer log-probs differ by more than this (mean abs) after a sync."""
     max_model_len: int | None = None
@@ -76,6 +79,8 @@ class RolloutConfig:
             raise ConfigError("top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("gpu_memory_utilization", f"must lie in (0, 1], got {self.gpu_memory_utilization}")
+        if self.engine_restarts < 0:
+            raise ConfigError("engine_restarts", f"must be >= 0, got {self.engine_restarts}")
         if self.logprob_gap_max <= 0:
             raise ConfigError("logprob_gap_max", f"must be > 0, got {self.logprob_gap_max}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:

@@ -20,18 +20,17 @@ def sync_weights(policy: Any, engines: Any, bucket_mb: int, transport: str = "ob
     Bucket k is loading into the engines while bucket k+1 is being gathered; peak memory stays
     near two buckets. Returns seconds and MB moved.
     """
-    import ray
-
     kind = get_transport(transport)
     start = time.perf_counter()
     if kind.has_channel:
         _connect_weight_channel(policy, engines, transport)
     send, load = kind.send_method, kind.load_method
-    pending, moved = [], 0
+    pending: list[tuple[Any, Any]] = []
+    moved = 0
     for ref in policy.export_buckets(bucket_mb * 2**20, send):
-        pending += [getattr(engine.actor, load).remote(ref) for engine in engines.engines]
-    for stats in ray.get(pending):
-        moved += stats["bytes"]
+        pending += [(engine, getattr(engine.actor, load).remote(ref)) for engine in engines.engines]
+    for engine, done in pending:
+        moved += engine.result(done)["bytes"]  # an engine that died raises its EngineError
     moved //= max(len(engines.engines), 1)
     seconds = time.perf_counter() - start
     return {"sync_seconds": seconds, "sync_mb": moved / 1e6, "sync_mb_per_s": moved / 1e6 / seconds if seconds else 0.0}

@@ -16,6 +16,9 @@ from megatron_pc.allocation.trace import read_trace
 from megatron_pc.config import load_config
 from megatron_pc.metrics.logger import read_metrics
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_train_e2e import PPO_METRICS  # noqa: E402  (what every step reports)
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +50,7 @@ def test_smollm2_trains_two_steps_of_each_strategy(strategy: str, model_dir: Pat
     for r in rows[1:]:
         assert r["generated"] == r["generated_pilot"] + r["generated_commit"] + r["generated_full"] > 0
         if r["trained_groups"]:
+            assert PPO_METRICS <= set(r), f"step {r['step']} lacks {sorted(PPO_METRICS - set(r))}"
             # The engines got the trained weights: their log-probs match the trainer's.
             assert r["logprob_gap"] is not None and r["logprob_gap"] <= 0.05
             assert r["response_length_max"] <= 96

@@ -3,8 +3,8 @@ and the reward pool, a few steps of each strategy; preemption and resume."""
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,14 +60,26 @@ PPO_METRICS = {"clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean"
                "response_length_mean", "response_length_max", "truncated_share"}  # fmt: skip
 
 
-@pytest.mark.parametrize("strategy", ["pilot_commit", "grpo", "dapo"])
-def test_a_few_steps_of_each_strategy_run_through_the_whole_stack(strategy: str, tiny_model: Path, tmp_path: Path) -> None:
-    run = tmp_path / strategy
-    proc = _train(run, tiny_model, f"allocation.strategy={strategy}", "training.steps=3", "allocation.on_round_limit=train_partial")
-    _ok(proc)
-    assert "validation accuracy" in proc.stdout
-    rows = read_metrics(run / "metrics.jsonl")
+@pytest.fixture(scope="module")
+def pc_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 steps of Pilot-Commit with a checkpoint after each (the newest two kept), run once; the
+    tests below read it or work on a copy. GRPO and DAPO take the same path in the SmolLM2 test
+    (test_smollm2_e2e.py) and in the bench step test."""
+    run = tmp_path_factory.mktemp("pc") / "run"
+    _ok(_train(run, tiny_model, "training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial"))
+    return run
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "run"
+    shutil.copytree(run, dest)
+    return dest
+
+
+def test_a_few_steps_of_pilot_commit_run_through_the_whole_stack(pc_run: Path) -> None:
+    rows = read_metrics(pc_run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert "val_accuracy" in rows[0] and "val_accuracy" in rows[-1]
     for r in rows[1:]:
         assert r["generated"] == r["generated_pilot"] + r["generated_commit"] + r["generated_full"] > 0
         assert r["trained_rollouts"] > 0 and r["loss"] is not None
@@ -75,9 +87,9 @@ def test_a_few_steps_of_each_strategy_run_through_the_whole_stack(strategy: str,
         assert r["gen_tokens_per_s"] > 0 and r["time_update"] > 0 and r["time_sync"] > 0
         assert PPO_METRICS <= set(r), f"step {r['step']} lacks {sorted(PPO_METRICS - set(r))}"
         assert 0 < r["response_length_mean"] <= r["response_length_max"] and 0 <= r["truncated_share"] <= 1
-    cfg = load_config(None, [f"allocation.strategy={strategy}", *FAST]).allocation
-    assert check_trace(read_trace(run / "trace.jsonl"), cfg) == []
-    assert (run / "checkpoints" / "step_00000003" / "MANIFEST.json").is_file()
+    cfg = load_config(None, [*FAST, "allocation.on_round_limit=train_partial"]).allocation
+    assert check_trace(read_trace(pc_run / "trace.jsonl"), cfg) == []
+    assert (pc_run / "checkpoints" / "step_00000003" / "MANIFEST.json").is_file()
 
 
 def test_four_mini_batches_share_one_set_of_old_logprobs_so_the_step_moves_away_from_them(tiny_model: Path, tmp_path: Path) -> None:
@@ -118,24 +130,47 @@ def test_sigterm_then_restart_continues_exactly_like_an_uninterrupted_run(tiny_m
     assert read_trace(straight / "trace.jsonl") == read_trace(interrupted / "trace.jsonl")
 
 
-def test_a_damaged_newest_checkpoint_is_skipped_on_resume(tiny_model: Path, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    _ok(_train(run, tiny_model, "training.steps=2", "training.save_every=1", "allocation.on_round_limit=train_partial"))
-    newest = run / "checkpoints" / "step_00000002"
-    (newest / "controller.json").write_text("{}")  # damaged after the fact
-    proc = _train(run, tiny_model, "training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial")
+def test_a_damaged_newest_checkpoint_is_skipped_on_resume(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
+    run = _copy(pc_run, tmp_path)
+    (run / "checkpoints" / "step_00000003" / "controller.json").write_text("{}")  # damaged after the fact
+    proc = _train(run, tiny_model, "training.steps=4", "training.save_every=1", "allocation.on_round_limit=train_partial")
     _ok(proc)
     assert "skipping damaged checkpoint" in proc.stderr
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
 
 
-def test_resuming_with_a_different_strategy_is_refused(tiny_model: Path, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    _ok(_train(run, tiny_model, "training.steps=1", "allocation.on_round_limit=train_partial"))
-    proc = _train(run, tiny_model, "training.steps=2", "allocation.strategy=grpo")
+def test_resuming_with_a_different_strategy_is_refused(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
+    run = _copy(pc_run, tmp_path)
+    proc = _train(run, tiny_model, "training.steps=4", "training.save_every=1", "allocation.on_round_limit=train_partial",
+                  "allocation.strategy=grpo")
     assert proc.returncode == 2
     assert "allocation.strategy" in proc.stderr and "different configuration" in proc.stderr
-    json.dumps(proc.stderr)
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3]  # nothing lost
+
+
+def test_an_engine_killed_mid_run_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "megatron_pc", "train", *FAST, f"run_dir={run}", f"model.path={tiny_model}",
+           "training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (metrics.exists() and any(r["step"] == 1 for r in read_metrics(metrics))):
+        time.sleep(0.2)
+    # SIGKILL the engine actor's process, wherever in step 2 the driver is.
+    engine = subprocess.run(["pgrep", "-f", "ray::EngineActor"], capture_output=True, text=True).stdout.split()
+    assert len(engine) == 1, engine
+    os.kill(int(engine[0]), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    assert "restarting it and replaying the call" in (run / "train.log").read_text()
+    rows = read_metrics(metrics)
+    assert sum(r.get("engine_restarts", 0) for r in rows) == 1
+    # Nothing counted twice and the same samples: the run is the uninterrupted one (pc_run).
+    compare = ("cum_generated", "generated_pilot", "generated_commit", "trained_rollouts", "reward_mean", "loss", "val_accuracy")
+    assert [[r.get(k) for k in compare] for r in rows] == [[r.get(k) for k in compare] for r in read_metrics(pc_run / "metrics.jsonl")]
+    assert read_trace(run / "trace.jsonl") == read_trace(pc_run / "trace.jsonl")
+    assert all(r["logprob_gap"] <= 0.05 for r in rows[1:])  # the new engine got the trained weights
 
 
 def test_a_tp2_policy_in_split_placement_syncs_weights_the_engine_reproduces(tiny_model: Path, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from megatron_pc.algo.losses import policy_loss
-from megatron_pc.rollout.base import GenerationResult, RolloutEngine, Sample, WeightPushStats
+from megatron_pc.rollout.base import EngineError, GenerationResult, RolloutEngine, Sample, WeightPushStats
 from megatron_pc.rollout.group import EngineGroup
 from megatron_pc.training.payload import split_by_tokens
 
@@ -140,12 +140,18 @@ class StandInGroup:
 class StandInEngine(RolloutEngine):
     """Samples one-token answers ("0".."9") with the stand-in policy's probabilities, seeded."""
 
-    def __init__(self, name: str = "engine0") -> None:
+    def __init__(self, name: str = "engine0", dies_at_call: int | None = None) -> None:
         self.name = name
         self.theta = 1.0
         self._alive = True
+        self.calls = 0
+        self.dies_at_call = dies_at_call  # its process "dies" in this generate call (1-based)
 
     def generate(self, requests: Sequence[Any], sampling: Any) -> GenerationResult:
+        self.calls += 1
+        if self.calls == self.dies_at_call or not self._alive:
+            self._alive = False
+            raise EngineError(self.name, "its process died")
         rng = random.Random(sampling.seed)
         weights = [np.exp(token_logprob(self.theta, t)) for t in range(10)]
         total = sum(weights)
@@ -174,11 +180,24 @@ class StandInEngine(RolloutEngine):
 class StandInWorkers:
     """The Trainer's ``make_workers``: a stand-in policy group and one stand-in engine."""
 
-    def __init__(self, cfg: Any, model_path: str, run_dir: Path, transport: str, dp: int = 1) -> None:
+    def __init__(self, cfg: Any, model_path: str, run_dir: Path, transport: str, dp: int = 1,
+                 dies_at_call: Sequence[int | None] = ()) -> None:  # fmt: skip
+        """``dies_at_call[i]``: the generate call in which the i-th engine made dies (the first,
+        then each restarted one); engines made after the list runs out live."""
         self.policy = StandInGroup(dp)
         self.reference = StandInGroup(dp) if cfg.training.kl_coef > 0 else None
-        self.engines = EngineGroup(lambda k: StandInEngine(f"engine{k}"), 1)
+        self.made = 0
+        self.deaths = list(dies_at_call)
+        self.engines = EngineGroup(self._engine, 1)
         self.closed = False
+
+    def _engine(self, k: int) -> StandInEngine:
+        self.made += 1
+        return StandInEngine(f"engine{k}", self.deaths.pop(0) if self.deaths else None)
+
+    def restart_engine(self, index: int) -> None:
+        self.engines.restart(index)
+        self.sync_weights()
 
     def start(self) -> None:
         pass

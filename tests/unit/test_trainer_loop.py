@@ -81,3 +81,41 @@ def test_a_resumed_loop_continues_from_the_checkpoint(tmp_path: Path) -> None:
     assert read_trace(more.resolved_run_dir / "trace.jsonl") == read_trace(cfg.resolved_run_dir / "trace.jsonl")
     state = json.loads((more.resolved_run_dir / "checkpoints").joinpath(sorted(p.name for p in (more.resolved_run_dir / "checkpoints").iterdir() if p.is_dir())[-1], "policy", "theta.json").read_text())
     assert state["steps"] == resumed[0].policy.model.schedule_steps
+
+
+def _keys(rows: list[dict]) -> list[list]:
+    return [[r.get(k) for k in ("generated", "cum_generated", "reward_mean", "loss", "val_accuracy")] for r in rows]
+
+
+def test_an_engine_that_dies_is_restarted_with_the_policys_weights_and_its_round_replayed(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "pilot_commit")
+    Trainer(cfg, _data(tmp_path), partial(StandInWorkers)).run()
+    straight = read_metrics(cfg.resolved_run_dir / "metrics.jsonl")
+
+    faulty = _cfg(tmp_path / "faulty", "pilot_commit")
+    made: list[StandInWorkers] = []
+    # The first engine dies in its 6th generate call (a round of step 2), after a training step.
+    Trainer(faulty, _data(tmp_path), lambda *a: made.append(StandInWorkers(*a, dies_at_call=[6])) or made[-1]).run()
+    rows = read_metrics(faulty.resolved_run_dir / "metrics.jsonl")
+    assert made[0].made == 2 and sum(r.get("engine_restarts", 0) for r in rows) == 1
+    # The replayed round is the one that failed: nothing counted twice, the same run.
+    assert _keys(rows) == _keys(straight)
+    assert read_trace(faulty.resolved_run_dir / "trace.jsonl") == read_trace(cfg.resolved_run_dir / "trace.jsonl")
+    # The new engine got the trained weights (else its log-probs would not match the trainer's).
+    assert all(r["logprob_gap"] == pytest.approx(0.0, abs=1e-6) for r in rows[1:] if r.get("updates"))
+    assert made[0].engines.engines[0].theta == made[0].policy.theta
+
+
+def test_an_engine_that_keeps_dying_stops_the_run_with_an_error_naming_it(tmp_path: Path) -> None:
+    from megatron_pc.errors import MegatronPCError
+
+    cfg = _cfg(tmp_path, "grpo", "rollout.engine_restarts=2", "training.save_every=1")
+    made: list[StandInWorkers] = []
+    # Dies in its 6th call (step 2, after step 1's checkpoint), and every restarted engine in its first.
+    workers = lambda *a: made.append(StandInWorkers(*a, dies_at_call=[6, 1, 1, 1])) or made[-1]  # noqa: E731
+    with pytest.raises(MegatronPCError, match=r"engine0 died again during generation after 2 restarts in a row \(rollout.engine_restarts 2\)"):
+        Trainer(cfg, _data(tmp_path), workers).run()
+    assert made[0].made == 3 and made[0].closed
+    # The checkpoints written before the failure are complete; none is half-written.
+    ckpts = [p for p in (cfg.resolved_run_dir / "checkpoints").iterdir()]
+    assert [p.name for p in ckpts] == ["step_00000001"] and (ckpts[0] / "MANIFEST.json").is_file()
