@@ -208,6 +208,7 @@ class Trainer:
     def _step(self, step: int, workers: Workers, rewards: RewardPool, evaluator: Evaluator) -> dict[str, float]:
         timer = Timer()
         restarts = self._engines.restarts
+        graded = dict(rewards.counters)
         with timer("total"):
             tokens, responses = self._generate(self._engines, rewards, timer)
             result = self.strategy.finish_step()
@@ -222,6 +223,7 @@ class Trainer:
             "generated_tokens": tokens, "cum_generated_tokens": self.tokens_total,
             "gen_tokens_per_s": tokens / gen_s if gen_s else 0.0,
             "engine_restarts": self._engines.restarts - restarts,
+            **reward_faults(graded, rewards.counters),
         }
 
     def _generate(self, engines: Any, rewards: RewardPool, timer: Timer) -> tuple[int, dict[str, float]]:
@@ -286,6 +288,18 @@ class Trainer:
     def _save(self, step: int, policy: PolicyGroup) -> None:
         controller = {"step": step, "strategy": self.strategy.state_dict(), "tokens_total": self.tokens_total, "config": to_dict(self.cfg)}
         self.checkpoints.save(step, controller, lambda d: policy.call("save", str(d)))
+
+
+def reward_faults(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """What went wrong in the reward pool between two readings of its counters: items that
+    overran ``reward.timeout_s``, items whose worker died or raised (each graded 0), and the
+    workers replaced."""
+    def delta(reason: str) -> int:
+        return after.get(reason, 0) - before.get(reason, 0)
+
+    errors = sum(after[r] - before.get(r, 0) for r in after if r.startswith("error:"))
+    return {"reward_timeouts": delta("timeout"), "reward_errors": delta("worker_died") + errors,
+            "reward_worker_restarts": delta("worker_restarts")}  # fmt: skip
 
 
 def _single(group: TrainGroup) -> TrainGroup:

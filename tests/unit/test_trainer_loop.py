@@ -55,6 +55,8 @@ def test_the_loop_trains_validates_checkpoints_and_accounts_without_ray(tmp_path
     assert all("val_accuracy" in r for r in rows if r["step"] in (0, 2, 4))
     trained = [r for r in rows[1:] if r.get("updates")]
     assert trained and all(r["updates"] >= 1 and r["logprob_gap"] == pytest.approx(0.0, abs=1e-6) for r in trained)
+    faults = ("engine_restarts", "reward_timeouts", "reward_errors", "reward_worker_restarts")
+    assert all(r[k] == 0 for r in rows[1:] for k in faults)
     # old log-probs once per step, on the stand-in ranks
     policy = made[0].policy
     assert policy.logprob_calls == len(trained) and policy.model.schedule_steps == len(trained)
@@ -119,3 +121,11 @@ def test_an_engine_that_keeps_dying_stops_the_run_with_an_error_naming_it(tmp_pa
     # The checkpoints written before the failure are complete; none is half-written.
     ckpts = [p for p in (cfg.resolved_run_dir / "checkpoints").iterdir()]
     assert [p.name for p in ckpts] == ["step_00000001"] and (ckpts[0] / "MANIFEST.json").is_file()
+
+
+def test_reward_faults_are_the_counts_of_the_step() -> None:
+    from megatron_pc.driver.trainer import reward_faults
+
+    before = {"scored": 10, "timeout": 1, "worker_restarts": 1, "error:ValueError": 2}
+    after = {"scored": 30, "timeout": 3, "worker_restarts": 4, "worker_died": 1, "error:ValueError": 2, "error:KeyError": 1, "correct": 5}
+    assert reward_faults(before, after) == {"reward_timeouts": 2, "reward_errors": 2, "reward_worker_restarts": 3}
