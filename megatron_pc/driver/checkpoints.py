@@ -15,6 +15,7 @@ checkpoint or a ``.tmp`` directory that is ignored and cleaned up.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -23,6 +24,8 @@ import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable
+
+from megatron_pc.errors import MegatronPCError
 
 logger = logging.getLogger(__name__)
 
@@ -46,16 +49,23 @@ class CheckpointManager:
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f"step_{step:08d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        write_policy(tmp / "policy")
-        data = json.dumps(controller, separators=(",", ":")).encode()
-        _write_synced(tmp / CONTROLLER, data)
-        manifest = {
-            "step": step,
-            "files": {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()},
-            "controller_sha256": hashlib.sha256(data).hexdigest(),
-        }
-        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        try:
+            tmp.mkdir()
+            write_policy(tmp / "policy")
+            data = json.dumps(controller, separators=(",", ":")).encode()
+            _write_synced(tmp / CONTROLLER, data)
+            manifest = {
+                "step": step,
+                "files": {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()},
+                "controller_sha256": hashlib.sha256(data).hexdigest(),
+            }
+            _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        except BaseException as err:
+            # Nothing half-written stays behind; the complete checkpoints are untouched.
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(err, OSError):  # a Ray task error from a rank that failed to write is one too
+                raise CheckpointWriteError(step, self.root, err, self._newest_complete()) from err
+            raise
         if final.exists():
             shutil.rmtree(final)  # a re-run of the same step after a resume replaces it
         os.replace(tmp, final)
@@ -63,6 +73,10 @@ class CheckpointManager:
         self._prune()
         logger.info("checkpoint saved: %s", final)
         return final
+
+    def _newest_complete(self) -> Path | None:
+        complete = sorted((s, p) for s, p in self._step_dirs() if verify(p) is None)
+        return complete[-1][1] if complete else None
 
     def latest(self) -> tuple[int, Path] | None:
         """The newest complete checkpoint, skipping damaged ones (with a warning)."""
@@ -93,6 +107,22 @@ class CheckpointManager:
         complete = sorted((s, p) for s, p in self._step_dirs() if verify(p) is None)
         for _, path in complete[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
+
+
+class CheckpointWriteError(MegatronPCError):
+    """A checkpoint could not be written (disk full, file too large, no permission...)."""
+
+    def __init__(self, step: int, root: Path, err: OSError, previous: Path | None) -> None:
+        cause = getattr(err, "cause", None)  # a rank's error arrives wrapped in Ray's task error
+        err = cause if isinstance(cause, OSError) else err
+        reason = "the disk is full" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+        try:
+            free = f"{shutil.disk_usage(root).free / 2**30:.2f} GiB free there"
+        except OSError:
+            free = "free space unknown"
+        kept = f"the newest complete checkpoint, {previous}, is intact" if previous else "no earlier checkpoint exists"
+        super().__init__(f"checkpoint of step {step} could not be written under {root}: {reason} ({free}); "
+                         f"the partial checkpoint was removed and {kept}")  # fmt: skip
 
 
 def verify(path: Path) -> str | None:
