@@ -117,7 +117,8 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
+        shown = key if isinstance(key, str) and key.strip() and key == key.strip() else repr(key)  # '' or ' x' or 3: quoted
+        dotted = f"{prefix}.{shown}" if prefix else shown
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(prefix + '.' + c if prefix else c for c in close)}?" if close else ""

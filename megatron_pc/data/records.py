@@ -120,8 +120,12 @@ def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}:line {n}: field '<json>': not UTF-8 text (byte {err.start}: {raw[err.start:err.start + 1]!r})") from None
             if not line.strip():
                 continue  # blank lines (a trailing newline) are not rows
             try:
