@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from megatron_pc import console
 from megatron_pc.config import Config
+from megatron_pc.errors import MegatronPCError
 from megatron_pc.rollout.base import (
     EngineError,
     GenerationRequest,
@@ -154,12 +155,13 @@ class MegatronGroup:
         ray = _import_ray()
         master = _master_address(placement)
         cls = ray.remote(MegatronRank)
+        self.label = "policy" if trainable else "reference"
         self.actors = [
             cls.options(**placement.options(rank, "policy")).remote(rank, placement.world, master, cfg.model, cfg.training, cfg.seed, trainable)
             for rank in range(placement.world)
         ]
-        ray.get([a.ready.remote() for a in self.actors])
-        self.dp_of_rank = [here["dp"] for here in ray.get([a.layout.remote() for a in self.actors])]
+        self._gather([a.ready.remote() for a in self.actors], "start")
+        self.dp_of_rank = [here["dp"] for here in self._gather([a.layout.remote() for a in self.actors], "layout")]
         """The data-parallel group of each rank (its TP/PP peers share that group's rows)."""
         self.data_parallel = max(self.dp_of_rank) + 1
         self.weight_channel: tuple[str, tuple[Any, ...]] | None = None
@@ -167,8 +169,7 @@ class MegatronGroup:
 
     def call(self, method: str, *args: Any) -> Any:
         """Run ``method`` on every rank; return rank 0's result."""
-        ray = _import_ray()
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+        return self._gather([getattr(a, method).remote(*args) for a in self.actors], method)[0]
 
     def put_shares(self, plan: Any) -> list[Any]:
         """A step's rows (a RowPlan) split by DP group, balanced by tokens, each share built and
@@ -183,16 +184,28 @@ class MegatronGroup:
         """Run ``method(per_group[dp], *args)`` on every rank, ``dp`` its DP group (an ObjectRef
         there reaches the rank as its value, read from the object store); each group's result
         from its first rank that returned one (not None)."""
-        ray = _import_ray()
-        results = ray.get([getattr(a, method).remote(per_group[dp], *args) for a, dp in zip(self.actors, self.dp_of_rank)])
+        results = self._gather([getattr(a, method).remote(per_group[dp], *args) for a, dp in zip(self.actors, self.dp_of_rank)], method)
         return _first_per_group(results, self.dp_of_rank, self.data_parallel)
 
     def call_all(self, method: str, *args: Any) -> list[Any]:
         """Run ``method(*args)`` on every rank; each DP group's result from its first rank
         that returned one (not None)."""
-        ray = _import_ray()
-        results = ray.get([getattr(a, method).remote(*args) for a in self.actors])
+        results = self._gather([getattr(a, method).remote(*args) for a in self.actors], method)
         return _first_per_group(results, self.dp_of_rank, self.data_parallel)
+
+    def _gather(self, refs: list[Any], method: str) -> list[Any]:
+        """Every rank's result, in rank order. A rank whose process died is named at once: its
+        peers may be blocked in a collective with it and would never answer."""
+        ray = _import_ray()
+        index = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as err:
+                raise WorkerDiedError(f"{self.label} rank {index[ready[0]]}", method, err) from None
+        return ray.get(refs)
 
     def export_buckets(self, bucket_bytes: int, method: str = "export_buckets") -> Iterator[Any]:
         """Object refs of what rank 0's streaming ``method`` yields per weight bucket (the
@@ -203,6 +216,16 @@ class MegatronGroup:
         for other in streams[1:]:
             for ref in other:  # drain: non-zero ranks yield nothing, but must finish
                 ray.get(ref)
+
+
+class WorkerDiedError(MegatronPCError):
+    """A policy or reference rank's process died: the run stops (its peers cannot go on)."""
+
+    def __init__(self, who: str, method: str, err: Exception) -> None:
+        self.who = who
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        super().__init__(f"{who} died during {method} ({first}); the run stops. Run the same command again to "
+                         "resume from the newest complete checkpoint")  # fmt: skip
 
 
 def _first_per_group(results: Sequence[Any], dp_of_rank: Sequence[int], groups: int) -> list[Any]:

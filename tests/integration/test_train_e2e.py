@@ -16,6 +16,7 @@ import pytest
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
 from megatron_pc.config import load_config
+from megatron_pc.driver.checkpoints import verify
 from megatron_pc.metrics.logger import read_metrics
 
 pytestmark = pytest.mark.integration
@@ -148,21 +149,45 @@ def test_resuming_with_a_different_strategy_is_refused(tiny_model: Path, pc_run:
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3]  # nothing lost
 
 
+def _actor_pid(title: str, run: Path) -> int:
+    """The process of this run's one Ray actor named ``title`` (its environment names the run's log)."""
+    pids = []
+    for pid in subprocess.run(["pgrep", "-f", title], capture_output=True, text=True).stdout.split():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if str((run / "train.log").resolve()).encode() in env:
+            pids.append(int(pid))
+    assert len(pids) == 1, (title, pids)
+    return pids[0]
+
+
+def _kill_after_step_1(cmd: list[str], run: Path, title: str) -> tuple[int, str]:
+    """Run ``cmd``; once step 1's checkpoint is complete, SIGKILL the run's actor ``title`` (in
+    step 2, or its checkpoint); (exit code, output)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not (run / "checkpoints" / "step_00000001" / "MANIFEST.json").is_file():
+            time.sleep(0.2)
+        os.kill(_actor_pid(title, run), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+        return proc.returncode, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_an_engine_killed_mid_run_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "killed"
     cmd = [sys.executable, "-m", "megatron_pc", "train", *FAST, f"run_dir={run}", f"model.path={tiny_model}",
            "training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = run / "metrics.jsonl"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and not (metrics.exists() and any(r["step"] == 1 for r in read_metrics(metrics))):
-        time.sleep(0.2)
     # SIGKILL the engine actor's process, wherever in step 2 the driver is.
-    engine = subprocess.run(["pgrep", "-f", "ray::EngineActor"], capture_output=True, text=True).stdout.split()
-    assert len(engine) == 1, engine
-    os.kill(int(engine[0]), signal.SIGKILL)
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-4000:]
+    returncode, out = _kill_after_step_1(cmd, run, "ray::EngineActor")
+    assert returncode == 0, out[-4000:]
     assert "restarting it and replaying the call" in (run / "train.log").read_text()
     rows = read_metrics(metrics)
     assert sum(r.get("engine_restarts", 0) for r in rows) == 1
@@ -171,6 +196,23 @@ def test_an_engine_killed_mid_run_is_restarted_and_the_run_ends_as_an_uninterrup
     assert [[r.get(k) for k in compare] for r in rows] == [[r.get(k) for k in compare] for r in read_metrics(pc_run / "metrics.jsonl")]
     assert read_trace(run / "trace.jsonl") == read_trace(pc_run / "trace.jsonl")
     assert all(r["logprob_gap"] <= 0.05 for r in rows[1:])  # the new engine got the trained weights
+
+
+def test_a_policy_rank_killed_mid_run_stops_the_run_naming_it_and_a_restart_resumes_exactly(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "rank_killed"
+    steps = ["training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial"]
+    cmd = [sys.executable, "-m", "megatron_pc", "train", *FAST, f"run_dir={run}", f"model.path={tiny_model}", *steps]
+    metrics = run / "metrics.jsonl"
+    returncode, out = _kill_after_step_1(cmd, run, "ray::MegatronRank")
+    assert returncode == 2, out[-4000:]
+    assert "policy rank 0 died during" in out and "Run the same command again to resume" in out
+    # No half checkpoint: every checkpoint directory is complete (step 1's at least).
+    ckpts = list((run / "checkpoints").iterdir())
+    assert "step_00000001" in [p.name for p in ckpts] and all(verify(p) is None for p in ckpts), [p.name for p in ckpts]
+    _ok(_train(run, tiny_model, *steps))
+    compare = ("cum_generated", "generated_pilot", "generated_commit", "trained_rollouts", "reward_mean", "loss", "val_accuracy")
+    assert [[r.get(k) for k in compare] for r in read_metrics(metrics)] == [[r.get(k) for k in compare] for r in read_metrics(pc_run / "metrics.jsonl")]
+    assert read_trace(run / "trace.jsonl") == read_trace(pc_run / "trace.jsonl")
 
 
 def test_a_tp2_policy_in_split_placement_syncs_weights_the_engine_reproduces(tiny_model: Path, tmp_path: Path) -> None:
