@@ -4,7 +4,6 @@ error naming the culprit (the field, or the file and line), never with a stray e
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import yaml
 from hypothesis import HealthCheck, given, settings
