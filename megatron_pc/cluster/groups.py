@@ -247,14 +247,11 @@ class RayEngine(RolloutEngine):
         actor_cls = ray.remote(EngineActor).options(**placement.options(bundle, "engine", gpus=1.0))
         self.actor = actor_cls.remote(model_path, cfg.rollout, str(run_dir), self.name, cfg.seed + index, cfg.data.max_prompt_tokens)
         self._alive = True
-        self._get(self.actor.ready.remote())
+        self.result(self.actor.ready.remote())
 
     def result(self, ref: Any) -> Any:
         """The value of a call made on the actor: an :class:`EngineError` if it failed, and
         the engine is marked dead if its process died."""
-        return self._get(ref)
-
-    def _get(self, ref: Any) -> Any:
         ray = _import_ray()
         try:
             return ray.get(ref)
@@ -266,16 +263,16 @@ class RayEngine(RolloutEngine):
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> GenerationResult:
         """Serve a shard of a round in the actor."""
-        return self._get(self.actor.generate.remote(list(requests), sampling))
+        return self.result(self.actor.generate.remote(list(requests), sampling))
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Engine log-probs of given sequences."""
-        return self._get(self.actor.score.remote([list(s) for s in sequences]))
+        return self.result(self.actor.score.remote([list(s) for s in sequences]))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> WeightPushStats:
         """Load one bucket (a list or a Ray object ref of one) into the engine."""
         bucket = named_tensors if isinstance(named_tensors, _import_ray().ObjectRef) else list(named_tensors)
-        return WeightPushStats(**self._get(self.actor.update_weights.remote(bucket)))
+        return WeightPushStats(**self.result(self.actor.update_weights.remote(bucket)))
 
     @property
     def alive(self) -> bool:
@@ -284,17 +281,17 @@ class RayEngine(RolloutEngine):
 
     def sleep(self) -> None:
         """Sleep while the policy trains."""
-        self._get(self.actor.sleep.remote())
+        self.result(self.actor.sleep.remote())
 
     def wake(self) -> None:
         """Wake before generating."""
-        self._get(self.actor.wake.remote())
+        self.result(self.actor.wake.remote())
 
     def shutdown(self) -> None:
         """Stop the engine and its actor."""
         if self._alive:
             try:
-                self._get(self.actor.shutdown.remote())
+                self.result(self.actor.shutdown.remote())
             finally:
                 _import_ray().kill(self.actor)
                 self._alive = False

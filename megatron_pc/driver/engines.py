@@ -79,8 +79,3 @@ class RestartingEngines:
     def wake(self) -> None:
         """Wake before generating."""
         self.call("wake", self.group.wake)
-
-    @property
-    def engines(self) -> list[Any]:
-        """The group's current engines."""
-        return self.group.engines
