@@ -5,12 +5,18 @@ Layout under ``<run_dir>/checkpoints/``::
     step_00000010/
         policy/            Megatron distributed checkpoint (model, optimizer, scheduler, RNG)
         controller.json    allocation strategy + buffer, data cursor, driver RNG, counters
-        MANIFEST.json      every file with its size and the sha256 of controller.json
+        MANIFEST.json      every file with its size and sha256
 
 A checkpoint is valid only if MANIFEST.json exists and every file it lists has the listed
-size (controller.json also its hash). MANIFEST.json is written last, inside the temporary
-directory, before the atomic rename: a crash at any point leaves either the previous
-checkpoint or a ``.tmp`` directory that is ignored and cleaned up.
+size and checksum. MANIFEST.json is written last, inside the temporary directory, before the
+atomic rename: a crash at any point leaves either the previous checkpoint or a ``.tmp``
+directory that is ignored and cleaned up.
+
+The checksums are read back once per save and once per resume (the checkpoint resumed from);
+pruning and the "previous checkpoint" of an error message check sizes only. Files are hashed
+on a thread pool (hashlib releases the GIL), so a node's disk bandwidth, not one core, bounds
+the time. Manifests written before checksums covered every file (sizes plus the controller's
+hash) are still read.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,11 +61,7 @@ class CheckpointManager:
             write_policy(tmp / "policy")
             data = json.dumps(controller, separators=(",", ":")).encode()
             _write_synced(tmp / CONTROLLER, data)
-            manifest = {
-                "step": step,
-                "files": {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()},
-                "controller_sha256": hashlib.sha256(data).hexdigest(),
-            }
+            manifest = {"step": step, "files": _describe(tmp)}
             _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         except BaseException as err:
             # Nothing half-written stays behind; the complete checkpoints are untouched.
@@ -75,7 +78,7 @@ class CheckpointManager:
         return final
 
     def _newest_complete(self) -> Path | None:
-        complete = sorted((s, p) for s, p in self._step_dirs() if verify(p) is None)
+        complete = sorted((s, p) for s, p in self._step_dirs() if verify(p, checksums=False) is None)
         return complete[-1][1] if complete else None
 
     def latest(self) -> tuple[int, Path] | None:
@@ -104,7 +107,7 @@ class CheckpointManager:
     def _prune(self) -> None:
         for p in self.root.glob("*.tmp"):
             shutil.rmtree(p, ignore_errors=True)
-        complete = sorted((s, p) for s, p in self._step_dirs() if verify(p) is None)
+        complete = sorted((s, p) for s, p in self._step_dirs() if verify(p, checksums=False) is None)
         for _, path in complete[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
 
@@ -125,26 +128,60 @@ class CheckpointWriteError(MegatronPCError):
                          f"the partial checkpoint was removed and {kept}")  # fmt: skip
 
 
-def verify(path: Path) -> str | None:
-    """None if ``path`` is a complete checkpoint, else what is wrong with it."""
+def verify(path: Path, checksums: bool = True) -> str | None:
+    """None if ``path`` is a complete checkpoint, else what is wrong with it. ``checksums=False``
+    checks that every listed file is there with its size, without reading it."""
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         return f"{MANIFEST} is missing (the save did not finish)"
     try:
         manifest = json.loads(manifest_path.read_text())
-        files: dict[str, int] = manifest["files"]
-        expected_hash = manifest["controller_sha256"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        return f"{MANIFEST} is unreadable ({err})"
-    for name, size in files.items():
+        files = {name: _entry(e, name, manifest) for name, e in manifest["files"].items()}
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as err:
+        return f"{MANIFEST} is unreadable ({type(err).__name__}: {err})"
+    for name, (size, _) in files.items():
         f = path / name
         if not f.is_file():
             return f"{name} is missing"
         if f.stat().st_size != size:
             return f"{name} has {f.stat().st_size} bytes, the manifest says {size}"
-    if hashlib.sha256((path / CONTROLLER).read_bytes()).hexdigest() != expected_hash:
-        return f"{CONTROLLER} does not match its checksum"
+    if checksums:
+        hashed = {name: digest for name, (_, digest) in files.items() if digest is not None}
+        for name, actual in zip(hashed, _sha256_all([path / n for n in hashed])):
+            if actual != hashed[name]:
+                return f"{name} does not match its checksum (sha256 {actual[:12]}..., the manifest says {hashed[name][:12]}...)"
     return None
+
+
+def _describe(root: Path) -> dict[str, dict[str, Any]]:
+    """Every file under ``root``: its size and sha256."""
+    files = [p for p in sorted(root.rglob("*")) if p.is_file()]
+    return {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": h} for p, h in zip(files, _sha256_all(files))}
+
+
+def _entry(entry: Any, name: str, manifest: dict[str, Any]) -> tuple[int, str | None]:
+    """(size, sha256) of one manifest entry; the older format gives a size (and, for the
+    controller, a separate hash)."""
+    if isinstance(entry, dict):
+        size, digest = entry["size"], entry["sha256"]
+    else:
+        size, digest = entry, manifest["controller_sha256"] if name == CONTROLLER else None
+    if not isinstance(size, int) or not (digest is None or isinstance(digest, str)):
+        raise ValueError(f"bad entry for {name}: {entry!r}")
+    return size, digest
+
+
+def _sha256_all(paths: list[Path]) -> list[str]:
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(_sha256, paths))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _write_synced(path: Path, data: bytes) -> None:

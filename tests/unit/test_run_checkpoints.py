@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,8 @@ def test_latest_returns_the_newest_complete_checkpoint(tmp_path) -> None:
         (lambda p: (p / "policy" / "shard.bin").write_bytes(b"trunc"[:2]), "has 2 bytes"),
         (lambda p: (p / "controller.json").write_text('{"step":8}'), "checksum"),  # same size, other bytes
         (lambda p: (p / "MANIFEST.json").write_text("{"), "unreadable"),
+        (lambda p: _flip_byte(p / "policy" / "shard.bin", 3), "policy/shard.bin does not match its checksum"),
+        (lambda p: (p / "MANIFEST.json").write_text('{"step": 4, "files": {"policy/shard.bin": "5"}}'), "unreadable"),
     ],
 )
 def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, damage, why: str) -> None:
@@ -44,6 +48,34 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, damage, 
     assert why in verify(newest)
     step, _ = mgr.latest()
     assert step == 2
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_the_manifest_holds_a_checksum_of_every_file_and_sizes_alone_do_not_read_them(tmp_path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    path = mgr.save(1, {"step": 1}, _policy(b"weights"))
+    files = json.loads((path / "MANIFEST.json").read_text())["files"]
+    assert sorted(files) == ["controller.json", "policy/shard.bin"]
+    assert files["policy/shard.bin"] == {"size": 7, "sha256": hashlib.sha256(b"weights").hexdigest()}
+    _flip_byte(path / "policy" / "shard.bin", 0)
+    assert verify(path, checksums=False) is None and "checksum" in verify(path)
+
+
+def test_a_manifest_of_the_older_format_is_still_read(tmp_path) -> None:
+    mgr = CheckpointManager(tmp_path)
+    path = mgr.save(1, {"step": 1}, _policy(b"weights"))
+    controller = (path / "controller.json").read_bytes()
+    old = {"step": 1, "files": {"controller.json": len(controller), "policy/shard.bin": 7},
+           "controller_sha256": hashlib.sha256(controller).hexdigest()}  # fmt: skip
+    (path / "MANIFEST.json").write_text(json.dumps(old))
+    assert verify(path) is None
+    (path / "controller.json").write_bytes(controller.replace(b"1", b"2"))
+    assert "controller.json does not match its checksum" in verify(path)
 
 
 def test_a_save_interrupted_before_the_rename_leaves_the_previous_checkpoint(tmp_path) -> None:
