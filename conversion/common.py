@@ -153,3 +153,38 @@ def extra_state_objects(arch: HFArch) -> dict:
             objects[f"{module.format(layer=layer)}._extra_state"] = ShardedObject(
                 key, None, (arch.num_layers,), (layer,), replica_id=0)
     return objects
+
+
+def check_hf_weights(model_dir: Path) -> HFArch:
+    """The architecture of ``model_dir``, after checking that every tensor its config implies
+    is in the safetensors files with the implied shape. Only the headers are read, so a bad
+    model directory is named in a second, before any worker starts."""
+    from conversion.safetensors_io import HFReader
+
+    arch = read_arch(model_dir)
+    shapes = shapes_for(arch, arch.vocab_size)
+    implied: set[str] = set()
+    with HFReader(Path(model_dir)) as reader:
+        for group in groups(arch):
+            for item in group:
+                meta = torch.empty(full_shape(item, arch, shapes), device="meta")
+                for name, tensor in name_maps.hf_tensors(item.entry, item.layer, meta, shapes):
+                    reader.check(name, tuple(tensor.shape))
+                    implied.add(name)
+        extra = sorted(n for n in reader.names() if n not in implied and not _ignorable(n, arch))
+        if arch.tie_embeddings and "lm_head.weight" in reader.names() and not extra:
+            embedding = "model.embed_tokens.weight"
+            shape = (arch.vocab_size, arch.hidden_size)
+            if not torch.equal(reader.get("lm_head.weight", shape), reader.get(embedding, shape)):
+                raise ConversionError(f"{model_dir}: config.json says tie_word_embeddings but 'lm_head.weight' differs "
+                                      f"from {embedding!r}: the head's weights would be dropped")  # fmt: skip
+    if extra:
+        raise ConversionError(f"{model_dir}: {len(extra)} tensor(s) the config does not imply, e.g. {extra[0]!r} "
+                              f"(config.json says {arch.num_layers} layers): the config does not match the weights")
+    return arch
+
+
+def _ignorable(name: str, arch: HFArch) -> bool:
+    """Tensors some checkpoints carry that no model weight comes from: rotary buffers, and
+    the head of a model whose head is its embedding (checked to equal it)."""
+    return name.endswith("rotary_emb.inv_freq") or (arch.tie_embeddings and name == "lm_head.weight")

@@ -78,7 +78,7 @@ def convert(hf_dir: str | Path, out: str | Path, tp: int = 1, pp: int = 1, dtype
     from megatron.core import dist_checkpointing
 
     hf_dir, out = Path(hf_dir), Path(out)
-    arch = common.read_arch(hf_dir)
+    arch = common.check_hf_weights(hf_dir)  # every tensor there with its shape, and none the config leaves out
     try:
         check_parallel_sizes(arch, tp, pp)
     except ConfigError as err:

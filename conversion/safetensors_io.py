@@ -60,14 +60,26 @@ class HFReader:
         except Exception as err:  # safetensors raises its own error types for bad headers
             raise ConversionError(f"{path}: unreadable safetensors file (truncated or corrupt?): {err}") from None
 
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """Tensor ``name``, checked to have ``shape``."""
+    def names(self) -> list[str]:
+        """Every tensor in the files (as the index places them, if there is one)."""
+        return list(self._where)
+
+    def check(self, name: str, shape: tuple[int, ...]) -> None:
+        """Tensor ``name`` is there with ``shape`` (its header is read, not its data)."""
         if name not in self._where:
             raise ConversionError(f"{self.root}: tensor {name!r} is missing from the checkpoint's safetensors files")
         path, handle = self._where[name]
-        found = tuple(handle.get_slice(name).get_shape())
+        try:
+            found = tuple(handle.get_slice(name).get_shape())
+        except Exception as err:
+            raise ConversionError(f"{path}: cannot read the header of tensor {name!r}: {err}") from None
         if found != tuple(shape):
             raise ConversionError(f"{path}: tensor {name!r} has shape {found}, the config implies {tuple(shape)}")
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Tensor ``name``, checked to have ``shape``."""
+        self.check(name, shape)
+        path, handle = self._where[name]
         try:
             return handle.get_tensor(name)
         except Exception as err:

@@ -81,7 +81,14 @@ def prepare(cfg: Config) -> RunData:
     """Model, tokenizer and tokenised prompts of the run."""
     from transformers import AutoTokenizer
 
+    from conversion.common import check_hf_weights
+    from conversion.errors import ConversionError
+
     model_path = ensure_model(cfg)
+    try:
+        check_hf_weights(model_path)  # a tensor missing or of the wrong shape, named before any worker starts
+    except ConversionError as err:
+        raise ConfigError("model.path", str(err)) from None
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     check_tokenizer(tokenizer, model_path, cfg.data.chat_template)
     train, sets = load_prompt_sets(cfg.data, cfg.seed)

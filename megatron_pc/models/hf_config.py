@@ -84,23 +84,37 @@ def arch_from_dict(cfg: dict[str, Any]) -> HFArch:
         raise ConfigError("attention_bias", "Llama with attention biases is not supported")
     if cfg.get("use_sliding_window"):
         raise ConfigError("use_sliding_window", "sliding-window attention is not supported")
-    heads = int(cfg["num_attention_heads"])
+    heads = _positive(cfg, "num_attention_heads")
+    kv_heads = _positive(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") is not None else heads
+    hidden = _positive(cfg, "hidden_size")
+    if heads % kv_heads:
+        raise ConfigError("num_key_value_heads", f"{kv_heads} must divide num_attention_heads ({heads})")
+    if cfg.get("head_dim") is None and hidden % heads:
+        raise ConfigError("num_attention_heads", f"{heads} must divide hidden_size ({hidden}) when there is no head_dim")
     theta, factor = _rope(cfg)
     return HFArch(
         family=family,
-        vocab_size=int(cfg["vocab_size"]),
-        hidden_size=int(cfg["hidden_size"]),
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_layers=int(cfg["num_hidden_layers"]),
+        vocab_size=_positive(cfg, "vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=_positive(cfg, "intermediate_size"),
+        num_layers=_positive(cfg, "num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+        num_kv_heads=kv_heads,
+        head_dim=_positive(cfg, "head_dim") if cfg.get("head_dim") is not None else hidden // heads,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling_factor=factor,
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
     )
+
+
+def _positive(cfg: dict[str, Any], key: str) -> int:
+    """``cfg[key]`` as a positive integer, or a ConfigError naming the key."""
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, f"must be a positive integer, got {value!r}" if key in cfg else "is missing")
+    return value
 
 
 def load_arch(model_dir: str | Path) -> HFArch:
