@@ -26,6 +26,7 @@ from megatron_pc.allocation.trace import TraceWriter
 from megatron_pc.cluster import groups as G
 from megatron_pc.driver.engines import RestartingEngines
 from megatron_pc.driver.evaluation import Evaluator, decode_and_score
+from megatron_pc.driver.faults import Injector
 from megatron_pc.driver.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
 from megatron_pc.driver.update import PolicyGroup, response_metrics, update_policy
 from megatron_pc.config import Config, to_dict
@@ -44,13 +45,17 @@ PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class Timer:
-    """Seconds spent per phase within one step."""
+    """Seconds spent per phase within one step; ``on_enter(phase)`` is called as each begins
+    (the fault injector's hook)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_enter: Callable[[str], None] | None = None) -> None:
         self.seconds: dict[str, float] = {}
+        self.on_enter = on_enter
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
+        if self.on_enter is not None:
+            self.on_enter(phase)
         start = time.perf_counter()
         try:
             yield
@@ -137,6 +142,7 @@ class Trainer:
         self.run_dir = cfg.resolved_run_dir
         self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.training.keep_checkpoints)
         self.preempted = False
+        self.faults = Injector.from_env()  # MEGATRON_PC_INJECT_FAULTS: the fault suite's signals
         latest = self.checkpoints.latest()
         self.resume_step, self.resume_path = latest if latest else (0, None)
         trace = TraceWriter(self.run_dir / "trace.jsonl", keep_through_step=self.resume_step if latest else None) if cfg.logging.trace else None
@@ -206,7 +212,7 @@ class Trainer:
             workers.reference.call("load_hf", str(self.data.model_path))
 
     def _step(self, step: int, workers: Workers, rewards: RewardPool, evaluator: Evaluator) -> dict[str, float]:
-        timer = Timer()
+        timer = Timer(on_enter=lambda phase: self.faults.enter(phase, step))
         restarts = self._engines.restarts
         graded = dict(rewards.counters)
         with timer("total"):
@@ -214,7 +220,10 @@ class Trainer:
             result = self.strategy.finish_step()
             train = self._update(result, workers, timer)
             gap = self._check_sync(result, workers.policy, self._engines, timer)
-            val = evaluator.run(step) if step % self.cfg.training.validate_every == 0 or step == self.cfg.training.steps else {}
+            val = {}
+            if step % self.cfg.training.validate_every == 0 or step == self.cfg.training.steps:
+                with timer("validation"):
+                    val = evaluator.run(step)
         self.tokens_total += tokens
         gen_s = timer.seconds.get("generate", 0.0)
         return {
@@ -287,7 +296,12 @@ class Trainer:
 
     def _save(self, step: int, policy: PolicyGroup) -> None:
         controller = {"step": step, "strategy": self.strategy.state_dict(), "tokens_total": self.tokens_total, "config": to_dict(self.cfg)}
-        self.checkpoints.save(step, controller, lambda d: policy.call("save", str(d)))
+
+        def write_policy(path: Path) -> None:
+            policy.call("save", str(path))
+            self.faults.enter("checkpoint", step)  # the policy written, the manifest not yet
+
+        self.checkpoints.save(step, controller, write_policy)
 
 
 def reward_faults(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

@@ -5,6 +5,8 @@ the metrics, the trace and the run checkpoints are the real ones."""
 from __future__ import annotations
 
 import json
+import signal
+import time
 from functools import partial
 from pathlib import Path
 
@@ -13,7 +15,9 @@ import pytest
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
 from megatron_pc.driver.prepare import RunData
-from megatron_pc.driver.trainer import Trainer
+from megatron_pc.driver.faults import ENV, PHASES, Fault, parse
+from megatron_pc.driver.trainer import PREEMPTION_SIGNALS, Trainer
+from megatron_pc.errors import ConfigError
 from megatron_pc.config import load_config
 from megatron_pc.data.records import PromptRecord
 from megatron_pc.metrics.logger import read_metrics
@@ -129,3 +133,36 @@ def test_reward_faults_are_the_counts_of_the_step() -> None:
     before = {"scored": 10, "timeout": 1, "worker_restarts": 1, "error:ValueError": 2}
     after = {"scored": 30, "timeout": 3, "worker_restarts": 4, "worker_died": 1, "error:ValueError": 2, "error:KeyError": 1, "correct": 5}
     assert reward_faults(before, after) == {"reward_timeouts": 2, "reward_errors": 2, "reward_worker_restarts": 3}
+
+
+@pytest.mark.parametrize("faults", [f"sigterm@{p}:2" for p in PHASES] + ["sigterm@generate:2,sigterm@update:2+0.01"])
+def test_sigterm_in_any_phase_of_a_step_finishes_the_step_checkpoints_and_resumes_exactly(tmp_path: Path, faults: str,
+                                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    straight = _cfg(tmp_path / "straight", "pilot_commit")
+    Trainer(straight, _data(tmp_path), partial(StandInWorkers)).run()
+    # The signal, not the schedule, saves step 2 (except in the checkpoint phase, which is the schedule's).
+    cfg = _cfg(tmp_path / "term", "pilot_commit", f"training.save_every={2 if 'checkpoint' in faults else 3}")
+    previous = {sig: signal.getsignal(sig) for sig in PREEMPTION_SIGNALS}
+    try:
+        monkeypatch.setenv(ENV, faults)
+        trainer = Trainer(cfg, _data(tmp_path), partial(StandInWorkers))
+        trainer.run()
+        time.sleep(0.05)  # a delayed second signal lands after the step; it must change nothing
+        assert trainer.preempted and not trainer.faults.pending
+        assert [r["step"] for r in read_metrics(cfg.resolved_run_dir / "metrics.jsonl")] == [0, 1, 2]
+        assert [p.name for p in (cfg.resolved_run_dir / "checkpoints").iterdir()] == ["step_00000002"]
+        monkeypatch.delenv(ENV)
+        Trainer(cfg, _data(tmp_path), partial(StandInWorkers)).run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    run = cfg.resolved_run_dir
+    assert _keys(read_metrics(run / "metrics.jsonl")) == _keys(read_metrics(straight.resolved_run_dir / "metrics.jsonl"))
+    assert read_trace(run / "trace.jsonl") == read_trace(straight.resolved_run_dir / "trace.jsonl")
+
+
+def test_a_bad_fault_spec_is_refused_naming_the_variable() -> None:
+    assert parse("sigkill@checkpoint:3, sigterm@update:2+0.5") == [Fault("sigkill", "checkpoint", 3), Fault("sigterm", "update", 2, 0.5)]
+    for bad in ("sigkill@nowhere:3", "sighup@update:1", "sigterm@update", "sigterm@update:x"):
+        with pytest.raises(ConfigError, match=f"{ENV}.*{bad}"):
+            parse(bad)
