@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -77,7 +78,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not path.is_file():
             raise ConfigError("config", f"file {path} does not exist")
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
         except yaml.YAMLError as err:
             raise ConfigError("config", f"{path} is not valid YAML: {err}") from None
         if loaded is not None and not isinstance(loaded, dict):
@@ -85,6 +86,21 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         data = loaded or {}
     data = apply_overrides(data, overrides)
     return from_dict(Config, data)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (the safe
+    loader keeps the last silently, so a config would not say what it seems to)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (first at line {seen[key].start_mark.line + 1})", key_node.start_mark)
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -174,11 +190,13 @@ def _coerce(value: Any, tp: Any, dotted: str) -> Any:
         if isinstance(value, str):
             # YAML 1.1 reads 1e-5 (no dot) as a string; accept what Python reads as a number.
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(dotted, f"must be a number, got {_describe(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(dotted, f"must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

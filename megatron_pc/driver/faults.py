@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 from megatron_pc.errors import ConfigError
@@ -74,7 +75,7 @@ class Injector:
         due = [f for f in self.pending if f.phase == phase and f.step == step]
         for fault in due:
             self.pending.remove(fault)
-            logger.warning("injecting fault %s", fault.spec())
+            logger.warning("injecting fault %s at %.3f", fault.spec(), time.time())  # bench faults reads the time
             for handler in logging.getLogger().handlers:
                 handler.flush()
             if fault.delay_s:
