@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from megatron_pc.driver.checkpoints import CheckpointManager, CheckpointWriteError, verify
+from megatron_pc.driver.checkpoints import CheckpointManager, verify
 from megatron_pc.driver.faults import ENV, PHASES, Fault
 from megatron_pc.errors import MegatronPCError
 
@@ -124,14 +124,20 @@ def train(run_dir: Path, args: list[str], faults: list[Fault] = (), timeout: flo
     """``megatron-pc train ARGS run_dir=RUN_DIR`` with ``faults`` injected; waits for it."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", ENV: ",".join(f.spec() for f in faults)}
     cmd = [sys.executable, "-m", "megatron_pc", "train", *args, f"run_dir={run_dir}"]
+    log = run_dir / "train.log"
+    offset = log.stat().st_size if log.exists() else 0  # train.log grows across restarts
     start = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-    return Launch(proc.returncode, time.time() - start, proc.stdout + proc.stderr, _signal_times(run_dir), time.time())
+    return Launch(proc.returncode, time.time() - start, proc.stdout + proc.stderr, _signal_times(log, offset), time.time())
 
 
-def _signal_times(run_dir: Path) -> list[float]:
-    log = run_dir / "train.log"
-    text = log.read_text(errors="replace") if log.exists() else ""
+def _signal_times(log: Path, offset: int) -> list[float]:
+    """When the injector sent its signals, from what this launch added to ``log``."""
+    if not log.exists():
+        return []
+    with log.open("rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
     return [float(t) for t in re.findall(r"injecting fault \S+ at (\d+\.\d+)", text)]
 
 

@@ -8,15 +8,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
+from megatron_pc.bench.faults import TINY_GRACE_S, differences, kill_actor_after_step_1, train
 from megatron_pc.config import load_config
 from megatron_pc.driver.checkpoints import verify
+from megatron_pc.driver.faults import Fault
 from megatron_pc.metrics.logger import read_metrics
 
 pytestmark = pytest.mark.integration
@@ -28,7 +29,7 @@ FAST = [
     "allocation.train_batch=8",
     "allocation.pilot.batch=24",
     "allocation.dapo_batch=8",
-    "training.mini_batch=8",
+    "training.mini_batch=2",  # a full train batch of 8 prompts takes 4 optimizer updates
     "data.train_size=400",
     "data.validation_size=48",
     "training.val_samples=2",
@@ -88,56 +89,43 @@ def test_a_few_steps_of_pilot_commit_run_through_the_whole_stack(pc_run: Path) -
         assert r["gen_tokens_per_s"] > 0 and r["time_update"] > 0 and r["time_sync"] > 0
         assert PPO_METRICS <= set(r), f"step {r['step']} lacks {sorted(PPO_METRICS - set(r))}"
         assert 0 < r["response_length_mean"] <= r["response_length_max"] and 0 <= r["truncated_share"] <= 1
+        # One set of old log-probs for the step's 4 mini-batches: the ratio is 1 at the first
+        # update only, so the step's mean shows the later ones moved away from it.
+        if r["trained_groups"] == 8:
+            assert r["updates"] == 4
+        assert r["approx_kl"] > 0 and r["ratio_mean"] != 1.0
     cfg = load_config(None, [*FAST, "allocation.on_round_limit=train_partial"]).allocation
     assert check_trace(read_trace(pc_run / "trace.jsonl"), cfg) == []
     assert (pc_run / "checkpoints" / "step_00000003" / "MANIFEST.json").is_file()
 
 
-def test_four_mini_batches_share_one_set_of_old_logprobs_so_the_step_moves_away_from_them(tiny_model: Path, tmp_path: Path) -> None:
-    run = tmp_path / "minibatches"
-    # train_batch 8 in mini-batches of 2 prompts: 4 optimizer updates per step.
-    _ok(_train(run, tiny_model, "training.mini_batch=2", "training.steps=2", "training.lr=2e-4", "allocation.on_round_limit=train_partial"))
-    for r in read_metrics(run / "metrics.jsonl")[1:]:
-        if r["trained_groups"] == 8:
-            assert r["updates"] == 4
-        # Ratio 1 at the first update only: the mean over the step's updates shows the later ones moved.
-        assert r["approx_kl"] > 0 and r["ratio_mean"] != 1.0
-
-
-def test_sigterm_then_restart_continues_exactly_like_an_uninterrupted_run(tiny_model: Path, tmp_path: Path) -> None:
-    steps = ["training.steps=4", "training.save_every=1", "allocation.on_round_limit=train_partial"]
-    straight = tmp_path / "straight"
-    _ok(_train(straight, tiny_model, *steps))
-
-    interrupted = tmp_path / "interrupted"
-    cmd = [sys.executable, "-m", "megatron_pc", "train", *FAST, f"run_dir={interrupted}", f"model.path={tiny_model}", *steps]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    metrics = interrupted / "metrics.jsonl"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and not (metrics.exists() and any(r["step"] == 2 for r in read_metrics(metrics))):
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 75, out[-4000:]
-    assert "preempted" in out
-    _ok(_train(interrupted, tiny_model, *steps))
-
-    compare = ("cum_generated", "generated_pilot", "generated_commit", "trained_rollouts", "reward_mean", "loss", "prompts_kept", "buffer_size")
-    a = {r["step"]: r for r in read_metrics(straight / "metrics.jsonl")}
-    b = {r["step"]: r for r in read_metrics(interrupted / "metrics.jsonl")}
-    assert sorted(b) == sorted(a) == [0, 1, 2, 3, 4]
-    for step in (3, 4):
-        assert {k: b[step][k] for k in compare} == {k: a[step][k] for k in compare}, step
-    assert read_trace(straight / "trace.jsonl") == read_trace(interrupted / "trace.jsonl")
-
-
-def test_a_damaged_newest_checkpoint_is_skipped_on_resume(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
-    run = _copy(pc_run, tmp_path)
-    (run / "checkpoints" / "step_00000003" / "controller.json").write_text("{}")  # damaged after the fact
-    proc = _train(run, tiny_model, "training.steps=4", "training.save_every=1", "allocation.on_round_limit=train_partial")
-    _ok(proc)
-    assert "skipping damaged checkpoint" in proc.stderr
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+def test_the_driver_killed_in_a_checkpoint_write_then_a_damaged_checkpoint_then_sigterm_twice_ends_as_an_uninterrupted_run(
+        tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:  # fmt: skip
+    """Three faults in a row on one run directory, each followed by the same command
+    (megatron-pc bench faults runs every phase; this is the representative part CI runs)."""
+    args = [*FAST, f"model.path={tiny_model}", "training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial"]
+    run = tmp_path / "chain"
+    # 1. SIGKILL while step 3's checkpoint is being written: steps 1 and 2 are saved, step 3 is not.
+    first = train(run, args, [Fault("sigkill", "checkpoint", 3)])
+    assert first.code == -signal.SIGKILL, first.output[-3000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if verify(p) is None) == ["step_00000001", "step_00000002"]
+    # 2. A byte of step 2's policy flips on disk: the checksum catches it, step 1's checkpoint is used.
+    shard = max((p for p in (run / "checkpoints" / "step_00000002" / "policy").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    # 3. SIGTERM twice in step 2 (generation, then 0.05 s into the update): step 2 ends and is saved, exit 75.
+    second = train(run, args, [Fault("sigterm", "generate", 2), Fault("sigterm", "update", 2, 0.05)])
+    assert second.code == 75, second.output[-3000:]
+    assert "skipping damaged checkpoint" in second.output and "does not match its checksum" in second.output
+    assert "preempted" in second.output and len(second.signalled_at) == 2
+    assert second.ended - second.signalled_at[0] < TINY_GRACE_S  # the SLURM grace period of pc_tiny_cpu.sbatch
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2]
+    # 4. The same command once more: step 3, and the run is the uninterrupted one.
+    third = train(run, args)
+    assert third.code == 0, third.output[-3000:]
+    diffs, lost = differences(run, pc_run)
+    assert diffs == [] and lost == 0
 
 
 def test_resuming_with_a_different_strategy_is_refused(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
@@ -149,44 +137,13 @@ def test_resuming_with_a_different_strategy_is_refused(tiny_model: Path, pc_run:
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3]  # nothing lost
 
 
-def _actor_pid(title: str, run: Path) -> int:
-    """The process of this run's one Ray actor named ``title`` (its environment names the run's log)."""
-    pids = []
-    for pid in subprocess.run(["pgrep", "-f", title], capture_output=True, text=True).stdout.split():
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if str((run / "train.log").resolve()).encode() in env:
-            pids.append(int(pid))
-    assert len(pids) == 1, (title, pids)
-    return pids[0]
-
-
-def _kill_after_step_1(cmd: list[str], run: Path, title: str) -> tuple[int, str]:
-    """Run ``cmd``; once step 1's checkpoint is complete, SIGKILL the run's actor ``title`` (in
-    step 2, or its checkpoint); (exit code, output)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not (run / "checkpoints" / "step_00000001" / "MANIFEST.json").is_file():
-            time.sleep(0.2)
-        os.kill(_actor_pid(title, run), signal.SIGKILL)
-        out, _ = proc.communicate(timeout=600)
-        return proc.returncode, out
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-
-
 def test_an_engine_killed_mid_run_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "killed"
     cmd = [sys.executable, "-m", "megatron_pc", "train", *FAST, f"run_dir={run}", f"model.path={tiny_model}",
            "training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial"]  # fmt: skip
     metrics = run / "metrics.jsonl"
     # SIGKILL the engine actor's process, wherever in step 2 the driver is.
-    returncode, out = _kill_after_step_1(cmd, run, "ray::EngineActor")
+    returncode, out = kill_actor_after_step_1(cmd, run, "ray::EngineActor")
     assert returncode == 0, out[-4000:]
     assert "restarting it and replaying the call" in (run / "train.log").read_text()
     rows = read_metrics(metrics)
@@ -203,7 +160,7 @@ def test_a_policy_rank_killed_mid_run_stops_the_run_naming_it_and_a_restart_resu
     steps = ["training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial"]
     cmd = [sys.executable, "-m", "megatron_pc", "train", *FAST, f"run_dir={run}", f"model.path={tiny_model}", *steps]
     metrics = run / "metrics.jsonl"
-    returncode, out = _kill_after_step_1(cmd, run, "ray::MegatronRank")
+    returncode, out = kill_actor_after_step_1(cmd, run, "ray::MegatronRank")
     assert returncode == 2, out[-4000:]
     assert "policy rank 0 died during" in out and "Run the same command again to resume" in out
     # No half checkpoint: every checkpoint directory is complete (step 1's at least).
