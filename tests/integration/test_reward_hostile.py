@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from megatron_pc.reward import RewardConfig, RewardPool
 
@@ -60,3 +61,23 @@ def test_overrunning_item_is_killed_counted_and_its_worker_replaced() -> None:
         assert elapsed < 10
         assert pool.alive_workers() == 2
         assert pool.score(["\\boxed{2}"], ["2"])[0].correct
+
+
+FRAGMENTS = ["\\boxed{", "}", "{", "^{", "9", "99999", "!", "\\frac{", "\\sqrt[", "]", "\\left(", "\\right)", "\\begin{pmatrix}",
+             "&", "\\\\", "\\end{pmatrix}", "\\def\\x{\\x\\x}", "\\x", "__import__('os')", ".system('", "')", "eval(", "exec(",
+             "touch pwned", "lambda: ", "\\int_0^\\infty", "e^{i\\pi}", "10^{10^{", "\\sum_{n=1}^{", "\x00", "\u202e", "$", "$$", "\\text{", " "]  # fmt: skip
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(FRAGMENTS), max_size=60).map("".join), min_size=4, max_size=8))
+def test_fuzzed_hostile_outputs_finish_within_the_timeout_with_reward_0_and_no_side_effect(responses: list[str]) -> None:
+    marker = Path("pwned")  # what the code-looking fragments would create, relative to the worker's directory
+    cfg = RewardConfig(function="math_verify", workers=2, timeout_s=2.0)
+    with RewardPool(cfg) as pool:
+        start = time.monotonic()
+        results = pool.score(responses, ["271828"] * len(responses))  # an answer no fragment can spell
+        # Two workers: each item takes at most the timeout, plus the replacement of a killed worker.
+        assert time.monotonic() - start < len(responses) / 2 * (cfg.timeout_s + 3) + 5
+        assert [r.reward for r in results] == [0.0] * len(responses)
+        assert pool.alive_workers() == cfg.workers
+    assert not marker.exists()
