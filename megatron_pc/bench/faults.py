@@ -210,22 +210,29 @@ def _checkpoints(run_dir: Path) -> tuple[int, list[str]]:
 # ---- the runs ---------------------------------------------------------------------------
 
 
-def chain(steps: int) -> list[tuple[list[Fault], int]]:
+SIGTERM_AT = {"generate": 2, "reward": 3, "logprob": 4, "update": 5, "validation": 6, "sync": 7, "checkpoint": 8}
+"""The step of each SIGTERM case: one more step each, validation on an even step (validate_every 2)."""
+
+
+def chain() -> list[tuple[list[Fault], int]]:
     """The restarts of one run directory: (faults of the launch, its expected exit code).
 
     Every SIGKILL lands in step 2 (the newest checkpoint is step 1's, so each restart redoes
-    step 2); then each SIGTERM lets one more step finish."""
-    kills = [Fault("sigkill", p, 2, d) for p, d in zip(PHASES, (0.3, 0, 0, 0.05, 0, 0.2, 0))]
-    terms = [[Fault("sigterm", p, 2 + i)] for i, p in enumerate(PHASES)]
-    terms.append([Fault("sigterm", "generate", 2 + len(PHASES)), Fault("sigterm", "update", 2 + len(PHASES), 0.05)])
-    assert steps >= 2 + len(PHASES), "the chain needs a step per SIGTERM case"
-    return [([k], -signal.SIGKILL) for k in kills] + [(t, 75) for t in terms]
+    step 2, a delay putting some of them inside their phase rather than at its start); then each
+    SIGTERM lets one more step finish; then two SIGTERMs in step 9, the last."""
+    delays = {"generate": 0.3, "update": 0.05, "validation": 0.2}
+    kills = [([Fault("sigkill", p, 2, delays.get(p, 0.0))], -signal.SIGKILL) for p in PHASES]
+    terms = [([Fault("sigterm", p, step)], 75) for p, step in SIGTERM_AT.items()]
+    twice = ([Fault("sigterm", "generate", 9), Fault("sigterm", "update", 9, 0.05)], 75)
+    return kills + terms + [twice]
+
+
+CHAIN_STEPS = 9
 
 
 def run_faults(args: list[str], out: Path, tally: Tally) -> None:
     """The real runs: the reference, the restart chain, engine and rank kills, damage, a full disk."""
-    steps = 2 + len(PHASES) + 1
-    args = [*args, *SMALL, f"training.steps={steps}"]
+    args = [*args, *SMALL, f"training.steps={CHAIN_STEPS}"]
     ref = out / "reference"
     launch = train(ref, args)
     if launch.code != 0:
@@ -233,7 +240,7 @@ def run_faults(args: list[str], out: Path, tally: Tally) -> None:
 
     run = out / "restarted"
     results = []
-    for faults, expected in chain(steps):
+    for faults, expected in chain():
         newest_before, _ = _checkpoints(run)
         launch = train(run, args, faults)
         newest, broken = _checkpoints(run)

@@ -18,3 +18,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     out = tmp_path_factory.mktemp("tiny_model") / "tiny-qwen2-arith"
     return make_tiny_model(out, seed=0, warmup_steps=40, batch_size=48, eval_prompts=8, eval_samples=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 of the driver, SLURM and fault tests: a longer warm-up (partial skill, so
+    success rates spread), made once per session."""
+    from megatron_pc.models.tiny import make_tiny_model
+
+    path = tmp_path_factory.mktemp("model") / "tiny"
+    make_tiny_model(path, seed=3, warmup_steps=200)
+    return path

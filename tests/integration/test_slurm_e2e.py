@@ -80,16 +80,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen2 of the driver tests (same seed and warm-up), made once for the module."""
-    from megatron_pc.models.tiny import make_tiny_model
-
-    path = tmp_path_factory.mktemp("model") / "tiny"
-    make_tiny_model(path, seed=3, warmup_steps=200)
-    return path
-
-
-@pytest.fixture(scope="module")
 def guard_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A PATH folder holding the `ray stop` guard."""
     folder = tmp_path_factory.mktemp("bin")

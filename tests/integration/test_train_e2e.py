@@ -39,16 +39,6 @@ FAST = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen2 with a short supervised warm-up (partial skill, made once per module)."""
-    from megatron_pc.models.tiny import make_tiny_model
-
-    path = tmp_path_factory.mktemp("model") / "tiny"
-    make_tiny_model(path, seed=3, warmup_steps=200)
-    return path
-
-
 def _train(run_dir: Path, model: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "megatron_pc", "train", *FAST, f"run_dir={run_dir}", f"model.path={model}", *overrides]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
