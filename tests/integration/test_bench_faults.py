@@ -1,6 +1,6 @@
-"""`megatron-pc bench faults --quick`: the offline half of the fault suite, as a user runs it.
-(The training-run half is `megatron-pc bench faults` without --quick, run by hand and reported;
-its representative part runs in test_train_e2e.py.)"""
+"""`megatron-pc bench faults`: the offline half (--quick) in CI, as a user runs it; the whole
+suite behind the `long` marker (`python -m pytest -m long`), run by hand and reported. The
+representative part of the training-run half runs in CI in test_train_e2e.py."""
 
 from __future__ import annotations
 
@@ -42,3 +42,15 @@ def test_a_fault_that_is_not_survived_is_reported_and_fails_the_command(tmp_path
     faults._damaged_checkpoints(tally, tmp_path)
     summary = tally.summary()
     assert summary["faults_survived"] == 0 and len(summary["failed"]) == summary["faults_injected"] == len(faults.DAMAGE)
+
+
+@pytest.mark.long
+def test_full_fault_suite_survives_every_fault_and_loses_nothing(tmp_path: Path) -> None:
+    """The whole suite (about 20 minutes here): every fault injected into real tiny runs."""
+    proc = subprocess.run([sys.executable, "-m", "megatron_pc", "bench", "faults", "--json", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=3600)  # fmt: skip
+    summary = json.loads(proc.stdout)
+    assert proc.returncode == 0, (summary["failed"], proc.stderr[-4000:])
+    assert summary["faults_injected"] >= 25 and summary["faults_survived"] == summary["faults_injected"]
+    assert summary["rollouts_lost"] == 0 and summary["checkpoints_lost"] == 0
+    assert summary["max_sigterm_to_exit_s"] < summary["grace_period_s"]
