@@ -157,15 +157,12 @@ def actor_pid(title: str, run_dir: Path) -> int:
     return pids[0]
 
 
-def kill_actor_after_step_1(cmd: list[str], run_dir: Path, title: str, timeout: float = 900) -> tuple[int, str]:
-    """Run ``cmd``; once step 1's checkpoint is complete, SIGKILL the run's actor ``title``
-    (it is then in step 2, or its checkpoint); (exit code, output)."""
+def kill_actor_when(cmd: list[str], run_dir: Path, title: str, ready: Callable[[], bool], timeout: float = 900) -> tuple[int, str]:
+    """Run ``cmd``; once ``ready()``, SIGKILL the run's actor ``title``; (exit code, output)."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not (run_dir / "checkpoints" / "step_00000001" / "MANIFEST.json").is_file():
-            if proc.poll() is not None:
-                break
+        while time.monotonic() < deadline and proc.poll() is None and not ready():
             time.sleep(0.2)
         if proc.poll() is None:
             os.kill(actor_pid(title, run_dir), signal.SIGKILL)
@@ -175,6 +172,29 @@ def kill_actor_after_step_1(cmd: list[str], run_dir: Path, title: str, timeout: 
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def kill_actor_after_step_1(cmd: list[str], run_dir: Path, title: str, timeout: float = 900) -> tuple[int, str]:
+    """Run ``cmd``; once step 1's checkpoint is complete, SIGKILL the run's actor ``title``
+    (it is then in step 2, or its checkpoint); (exit code, output)."""
+    manifest = run_dir / "checkpoints" / "step_00000001" / "MANIFEST.json"
+    return kill_actor_when(cmd, run_dir, title, manifest.is_file, timeout)
+
+
+def log_grows_with(run_dir: Path, text: str) -> Callable[[], bool]:
+    """A ``ready`` for :func:`kill_actor_when`: true once train.log gains a line holding ``text``
+    (from now on: the log of earlier launches does not count)."""
+    log = run_dir / "train.log"
+    offset = log.stat().st_size if log.exists() else 0
+
+    def ready() -> bool:
+        if not log.exists():
+            return False
+        with log.open("rb") as f:
+            f.seek(offset)
+            return text.encode() in f.read()
+
+    return ready
 
 
 def differences(run: Path, reference: Path) -> tuple[list[str], int]:

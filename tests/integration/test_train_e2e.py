@@ -14,7 +14,7 @@ import pytest
 
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
-from megatron_pc.bench.faults import TINY_GRACE_S, differences, kill_actor_after_step_1, train
+from megatron_pc.bench.faults import TINY_GRACE_S, differences, kill_actor_after_step_1, kill_actor_when, log_grows_with, train
 from megatron_pc.config import load_config
 from megatron_pc.driver.checkpoints import verify
 from megatron_pc.driver.faults import Fault
@@ -89,9 +89,9 @@ def test_a_few_steps_of_pilot_commit_run_through_the_whole_stack(pc_run: Path) -
     assert (pc_run / "checkpoints" / "step_00000003" / "MANIFEST.json").is_file()
 
 
-def test_the_driver_killed_in_a_checkpoint_write_then_a_damaged_checkpoint_then_sigterm_twice_ends_as_an_uninterrupted_run(
+def test_driver_killed_in_a_checkpoint_write_a_damaged_checkpoint_sigterm_twice_and_an_engine_killed_end_as_an_uninterrupted_run(
         tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:  # fmt: skip
-    """Three faults in a row on one run directory, each followed by the same command
+    """Four faults in a row on one run directory, each followed by the same command
     (megatron-pc bench faults runs every phase; this is the representative part CI runs)."""
     args = [*FAST, f"model.path={tiny_model}", "training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial"]
     run = tmp_path / "chain"
@@ -111,11 +111,16 @@ def test_the_driver_killed_in_a_checkpoint_write_then_a_damaged_checkpoint_then_
     assert "preempted" in second.output and len(second.signalled_at) == 2
     assert second.ended - second.signalled_at[0] < TINY_GRACE_S  # the SLURM grace period of pc_tiny_cpu.sbatch
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2]
-    # 4. The same command once more: step 3, and the run is the uninterrupted one.
-    third = train(run, args)
-    assert third.code == 0, third.output[-3000:]
+    # 4. The same command once more, and the rollout engine SIGKILLed as it resumes: the engine is
+    # restarted with the policy's weights, its call replayed; step 3 runs, and the run is the
+    # uninterrupted one (nothing counted twice, the same samples, an identical trace).
+    cmd = [sys.executable, "-m", "megatron_pc", "train", *args, f"run_dir={run}"]
+    code, out = kill_actor_when(cmd, run, "ray::EngineActor", log_grows_with(run, "resuming from"))
+    assert code == 0, out[-3000:]
+    assert "restarting it and replaying the call" in (run / "train.log").read_text()
     diffs, lost = differences(run, pc_run)
     assert diffs == [] and lost == 0
+    assert read_metrics(run / "metrics.jsonl")[-1]["logprob_gap"] <= 0.05  # the new engine got the trained weights
 
 
 def test_resuming_with_a_different_strategy_is_refused(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
@@ -125,24 +130,6 @@ def test_resuming_with_a_different_strategy_is_refused(tiny_model: Path, pc_run:
     assert proc.returncode == 2
     assert "allocation.strategy" in proc.stderr and "different configuration" in proc.stderr
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3]  # nothing lost
-
-
-def test_an_engine_killed_mid_run_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
-    run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "megatron_pc", "train", *FAST, f"run_dir={run}", f"model.path={tiny_model}",
-           "training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial"]  # fmt: skip
-    metrics = run / "metrics.jsonl"
-    # SIGKILL the engine actor's process, wherever in step 2 the driver is.
-    returncode, out = kill_actor_after_step_1(cmd, run, "ray::EngineActor")
-    assert returncode == 0, out[-4000:]
-    assert "restarting it and replaying the call" in (run / "train.log").read_text()
-    rows = read_metrics(metrics)
-    assert sum(r.get("engine_restarts", 0) for r in rows) == 1
-    # Nothing counted twice and the same samples: the run is the uninterrupted one (pc_run).
-    compare = ("cum_generated", "generated_pilot", "generated_commit", "trained_rollouts", "reward_mean", "loss", "val_accuracy")
-    assert [[r.get(k) for k in compare] for r in rows] == [[r.get(k) for k in compare] for r in read_metrics(pc_run / "metrics.jsonl")]
-    assert read_trace(run / "trace.jsonl") == read_trace(pc_run / "trace.jsonl")
-    assert all(r["logprob_gap"] <= 0.05 for r in rows[1:])  # the new engine got the trained weights
 
 
 def test_a_policy_rank_killed_mid_run_stops_the_run_naming_it_and_a_restart_resumes_exactly(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
