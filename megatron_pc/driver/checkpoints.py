@@ -44,11 +44,12 @@ CONTROLLER = "controller.json"
 class CheckpointManager:
     """Saves and finds complete run checkpoints."""
 
-    def __init__(self, run_dir: str | Path, keep: int = 2) -> None:
+    def __init__(self, run_dir: str | Path, keep: int = 2, checksums: bool = True) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(run_dir) / "checkpoints"
         self.keep = keep
+        self.checksums = checksums  # False: the manifest holds sizes only (training.checkpoint_checksums)
 
     def save(self, step: int, controller: dict[str, Any], write_policy: Callable[[Path], None]) -> Path:
         """Write checkpoint ``step``: ``write_policy(dir)`` fills ``dir/policy``; then rename."""
@@ -61,7 +62,7 @@ class CheckpointManager:
             write_policy(tmp / "policy")
             data = json.dumps(controller, separators=(",", ":")).encode()
             _write_synced(tmp / CONTROLLER, data)
-            manifest = {"step": step, "files": _describe(tmp)}
+            manifest = {"step": step, "files": _describe(tmp, self.checksums)}
             _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         except BaseException as err:
             # Nothing half-written stays behind; the complete checkpoints are untouched.
@@ -153,17 +154,18 @@ def verify(path: Path, checksums: bool = True) -> str | None:
     return None
 
 
-def _describe(root: Path) -> dict[str, dict[str, Any]]:
-    """Every file under ``root``: its size and sha256."""
+def _describe(root: Path, checksums: bool) -> dict[str, dict[str, Any]]:
+    """Every file under ``root``: its size and sha256 (None without ``checksums``)."""
     files = [p for p in sorted(root.rglob("*")) if p.is_file()]
-    return {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": h} for p, h in zip(files, _sha256_all(files))}
+    hashes = _sha256_all(files) if checksums else [None] * len(files)
+    return {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": h} for p, h in zip(files, hashes)}
 
 
 def _entry(entry: Any, name: str, manifest: dict[str, Any]) -> tuple[int, str | None]:
     """(size, sha256) of one manifest entry; the older format gives a size (and, for the
     controller, a separate hash)."""
     if isinstance(entry, dict):
-        size, digest = entry["size"], entry["sha256"]
+        size, digest = entry["size"], entry.get("sha256")
     else:
         size, digest = entry, manifest["controller_sha256"] if name == CONTROLLER else None
     if not isinstance(size, int) or not (digest is None or isinstance(digest, str)):

@@ -140,7 +140,7 @@ class Trainer:
         self.make_workers = make_workers or RayWorkers
         self.data = data  # megatron_pc.driver.prepare.RunData: prompts, token ids, tokenizer
         self.run_dir = cfg.resolved_run_dir
-        self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.training.keep_checkpoints)
+        self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.training.keep_checkpoints, checksums=cfg.training.checkpoint_checksums)
         self.preempted = False
         self.faults = Injector.from_env()  # MEGATRON_PC_INJECT_FAULTS: the fault suite's signals
         latest = self.checkpoints.latest()

@@ -63,6 +63,11 @@ class TrainingConfig:
     """Checkpoint every K steps (and on SIGTERM/SIGUSR1)."""
     keep_checkpoints: int = 2
     """Complete checkpoints kept in the run directory (older ones are deleted)."""
+    checkpoint_checksums: bool = True
+    """Record the sha256 of every checkpoint file, so that any changed byte is caught on resume.
+    Hashing reads each checkpoint back once when it is saved and once when it is resumed from
+    (on threads: disk bandwidth bounds it). False records sizes only, for checkpoints too large
+    to read back within the save interval."""
     val_samples: int = 4
     """Sampled responses per validation prompt (at the rollout temperature, fixed seed); the
     validation accuracy is their mean. A greedy accuracy is reported beside it."""

@@ -156,3 +156,13 @@ def test_a_full_disk_is_named_in_the_error(tmp_path) -> None:
     with pytest.raises(CheckpointWriteError, match=r"step 3 could not be written .*: the disk is full \(.* GiB free there\).*no earlier checkpoint"):
         mgr.save(3, {"step": 3}, full)
     assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+def test_without_checksums_the_manifest_holds_sizes_and_a_cut_file_is_still_caught(tmp_path) -> None:
+    mgr = CheckpointManager(tmp_path, checksums=False)
+    path = mgr.save(1, {"step": 1}, _policy(b"weights"))
+    assert json.loads((path / "MANIFEST.json").read_text())["files"]["policy/shard.bin"] == {"size": 7, "sha256": None}
+    _flip_byte(path / "policy" / "shard.bin", 0)
+    assert verify(path) is None  # what the option gives up
+    (path / "policy" / "shard.bin").write_bytes(b"weight")
+    assert "has 6 bytes" in verify(path)
