@@ -344,6 +344,8 @@ def _disk_full_run(args: list[str], out: Path, ref: Path, tally: Tally) -> None:
         ok = proc.returncode == 2 and "the disk is full" in output and newest >= 1 and not broken and not tmp_left
         tally.checkpoints_lost += len(broken)
         detail = f"exit {proc.returncode}, newest complete checkpoint {newest}, leftovers {[p.name for p in tmp_left]}"
+        said = [line for line in output.splitlines() if "could not be written" in line]
+        detail += f"; {said[-1].strip()[:400]}" if said else f"; output: {output.strip()[-600:]}"
         filler.unlink()
         resumed = train(run, args)
         diffs, lost = differences(run, ref)

@@ -65,10 +65,11 @@ class CheckpointManager:
             manifest = {"step": step, "files": _describe(tmp, self.checksums)}
             _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         except BaseException as err:
+            free = _free_bytes(self.root)  # before the partial checkpoint goes: a full disk shows
             # Nothing half-written stays behind; the complete checkpoints are untouched.
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(err, OSError):  # a Ray task error from a rank that failed to write is one too
-                raise CheckpointWriteError(step, self.root, err, self._newest_complete()) from err
+            if isinstance(err, Exception) and not isinstance(err, MegatronPCError):  # ours already say what happened
+                raise CheckpointWriteError(step, self.root, err, free, self._newest_complete()) from err
             raise
         if final.exists():
             shutil.rmtree(final)  # a re-run of the same step after a resume replaces it
@@ -116,17 +117,48 @@ class CheckpointManager:
 class CheckpointWriteError(MegatronPCError):
     """A checkpoint could not be written (disk full, file too large, no permission...)."""
 
-    def __init__(self, step: int, root: Path, err: OSError, previous: Path | None) -> None:
-        cause = getattr(err, "cause", None)  # a rank's error arrives wrapped in Ray's task error
-        err = cause if isinstance(cause, OSError) else err
-        reason = "the disk is full" if err.errno == errno.ENOSPC else (err.strerror or str(err))
-        try:
-            free = f"{shutil.disk_usage(root).free / 2**30:.2f} GiB free there"
-        except OSError:
-            free = "free space unknown"
+    FULL_BELOW = 64 << 20
+    """Free bytes under which a writer's failure is taken for a full disk: Megatron's
+    checkpoint writer reports ENOSPC as its own error ("unexpected pos ...")."""
+
+    def __init__(self, step: int, root: Path, err: Exception, free: int | None, previous: Path | None) -> None:
+        cause = _os_error(err)
+        if cause is not None and cause.errno == errno.ENOSPC:
+            reason = "the disk is full"
+        elif cause is not None:
+            reason = cause.strerror or str(cause)
+        elif free is not None and free < self.FULL_BELOW:
+            reason = f"the disk is full (the writer said: {_last_line(err)})"
+        else:
+            reason = f"the checkpoint writer failed ({type(err).__name__}: {_last_line(err)})"
+        where = f"{free / 2**30:.2f} GiB free there when it failed" if free is not None else "free space unknown"
         kept = f"the newest complete checkpoint, {previous}, is intact" if previous else "no earlier checkpoint exists"
-        super().__init__(f"checkpoint of step {step} could not be written under {root}: {reason} ({free}); "
+        super().__init__(f"checkpoint of step {step} could not be written under {root}: {reason} ({where}); "
                          f"the partial checkpoint was removed and {kept}")  # fmt: skip
+
+
+def _os_error(err: BaseException) -> OSError | None:
+    """The OSError behind ``err``: itself, a Ray task error's cause, or its chain."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError):
+            return err
+        nxt = getattr(err, "cause", None)  # a rank's error arrives wrapped in Ray's task error
+        err = nxt if isinstance(nxt, BaseException) else (err.__cause__ or err.__context__)
+    return None
+
+
+def _last_line(err: BaseException) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[-1].strip()[:300] if lines else type(err).__name__
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
 
 
 def verify(path: Path, checksums: bool = True) -> str | None:

@@ -153,7 +153,7 @@ def test_a_full_disk_is_named_in_the_error(tmp_path) -> None:
         (path / "half").write_bytes(b"x")
         raise OSError(errno.ENOSPC, "No space left on device")  # what a rank's write raises on a full disk
 
-    with pytest.raises(CheckpointWriteError, match=r"step 3 could not be written .*: the disk is full \(.* GiB free there\).*no earlier checkpoint"):
+    with pytest.raises(CheckpointWriteError, match=r"step 3 could not be written .*: the disk is full \(.* GiB free there when it failed\).*no earlier checkpoint"):
         mgr.save(3, {"step": 3}, full)
     assert list((tmp_path / "checkpoints").iterdir()) == []
 
@@ -166,3 +166,25 @@ def test_without_checksums_the_manifest_holds_sizes_and_a_cut_file_is_still_caug
     assert verify(path) is None  # what the option gives up
     (path / "policy" / "shard.bin").write_bytes(b"weight")
     assert "has 6 bytes" in verify(path)
+
+
+@pytest.mark.parametrize("free,reason", [(1 << 20, "the disk is full (the writer said: unexpected pos 704 vs 598)"),
+                                         (1 << 40, "the checkpoint writer failed (RuntimeError: unexpected pos 704 vs 598)")])
+def test_a_writer_that_hides_the_os_error_is_still_reported_by_what_the_disk_shows(tmp_path, monkeypatch, free: int, reason: str) -> None:
+    from megatron_pc.driver import checkpoints
+    from megatron_pc.driver.checkpoints import CheckpointWriteError
+
+    # Megatron's writer turns ENOSPC into its own error; the free space at the failure tells.
+    monkeypatch.setattr(checkpoints, "_free_bytes", lambda path: free)
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(1, {"step": 1}, _policy(b"ok"))
+
+    def hidden(path: Path) -> None:
+        path.mkdir()
+        (path / "half").write_bytes(b"x")
+        raise RuntimeError("Worker failure: [enforce fail at inline_container.cc:672] .\nunexpected pos 704 vs 598")
+
+    with pytest.raises(CheckpointWriteError) as err:
+        mgr.save(2, {"step": 2}, hidden)
+    assert reason in str(err.value) and "step_00000001, is intact" in str(err.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000001"]
