@@ -32,6 +32,7 @@ verdict; ``--out`` keeps the run directories and writes ``faults.json``.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -90,10 +91,9 @@ class Tally:
     not_run: list[str] = field(default_factory=list)
     grace_s: list[float] = field(default_factory=list)
 
-    def add(self, kind: str, name: str, ok: bool, detail: str = "") -> bool:
+    def add(self, kind: str, name: str, ok: bool, detail: str = "") -> None:
         self.cases.append(Case(kind, name, bool(ok), detail))
         logging.getLogger(__name__).info("%-9s %-58s %s %s", kind, name, "ok" if ok else "FAILED", detail)
-        return bool(ok)
 
     def summary(self) -> dict[str, Any]:
         faults = [c for c in self.cases if c.kind == "fault"]
@@ -120,10 +120,15 @@ class Launch:
     ended: float  # wall-clock time the command was seen to exit
 
 
+def train_command(run_dir: Path, args: list[str]) -> list[str]:
+    """``megatron-pc train ARGS run_dir=RUN_DIR`` as a command line."""
+    return [sys.executable, "-m", "megatron_pc", "train", *args, f"run_dir={run_dir}"]
+
+
 def train(run_dir: Path, args: list[str], faults: list[Fault] = (), timeout: float = 900) -> Launch:
     """``megatron-pc train ARGS run_dir=RUN_DIR`` with ``faults`` injected; waits for it."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", ENV: ",".join(f.spec() for f in faults)}
-    cmd = [sys.executable, "-m", "megatron_pc", "train", *args, f"run_dir={run_dir}"]
+    cmd = train_command(run_dir, args)
     log = run_dir / "train.log"
     offset = log.stat().st_size if log.exists() else 0  # train.log grows across restarts
     start = time.time()
@@ -230,6 +235,9 @@ def _checkpoints(run_dir: Path) -> tuple[int, list[str]]:
 # ---- the runs ---------------------------------------------------------------------------
 
 
+CHAIN_STEPS = 9
+"""Steps of the chain's runs: step 2 for the SIGKILLs, one step per SIGTERM case, then the last."""
+
 SIGTERM_AT = {"generate": 2, "reward": 3, "logprob": 4, "update": 5, "validation": 6, "sync": 7, "checkpoint": 8}
 """The step of each SIGTERM case: one more step each, validation on an even step (validate_every 2)."""
 
@@ -239,15 +247,12 @@ def chain() -> list[tuple[list[Fault], int]]:
 
     Every SIGKILL lands in step 2 (the newest checkpoint is step 1's, so each restart redoes
     step 2, a delay putting some of them inside their phase rather than at its start); then each
-    SIGTERM lets one more step finish; then two SIGTERMs in step 9, the last."""
+    SIGTERM lets one more step finish; then two SIGTERMs in the last step."""
     delays = {"generate": 0.3, "update": 0.05, "validation": 0.2}
     kills = [([Fault("sigkill", p, 2, delays.get(p, 0.0))], -signal.SIGKILL) for p in PHASES]
     terms = [([Fault("sigterm", p, step)], 75) for p, step in SIGTERM_AT.items()]
-    twice = ([Fault("sigterm", "generate", 9), Fault("sigterm", "update", 9, 0.05)], 75)
+    twice = ([Fault("sigterm", "generate", CHAIN_STEPS), Fault("sigterm", "update", CHAIN_STEPS, 0.05)], 75)
     return kills + terms + [twice]
-
-
-CHAIN_STEPS = 9
 
 
 def run_faults(args: list[str], out: Path, tally: Tally) -> None:
@@ -286,8 +291,7 @@ def run_faults(args: list[str], out: Path, tally: Tally) -> None:
 
     for title, what, expect in (("ray::EngineActor", "rollout engine", 0), ("ray::MegatronRank", "policy rank", 2)):
         d = out / title.split("::")[1].lower()
-        cmd = [sys.executable, "-m", "megatron_pc", "train", *args, f"run_dir={d}"]
-        code, output = kill_actor_after_step_1(cmd, d, title)
+        code, output = kill_actor_after_step_1(train_command(d, args), d, title)
         detail = f"exit {code} (expected {expect})"
         ok = code == expect
         if expect:  # the run stopped: the same command must resume it
@@ -330,8 +334,7 @@ def _disk_full_run(args: list[str], out: Path, ref: Path, tally: Tally) -> None:
         return
     try:
         run = mount / "run"
-        cmd = [sys.executable, "-m", "megatron_pc", "train", *args, f"run_dir={run}"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(train_command(run, args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         while proc.poll() is None and not (run / "checkpoints" / "step_00000001" / "MANIFEST.json").is_file():
             time.sleep(0.1)
         filler = mount / "filler"
@@ -373,7 +376,9 @@ def offline(tally: Tally, work: Path) -> None:
     faults_inputs.bad_inputs(tally, work / "inputs")
 
 
-def _policy_writer(blob: bytes) -> Callable[[Path], None]:
+def policy_writer(blob: bytes) -> Callable[[Path], None]:
+    """A stand-in for the policy's checkpoint writer: a shard holding ``blob`` and a metadata file."""
+
     def write(path: Path) -> None:
         (path / "shards").mkdir(parents=True)
         (path / "shards" / "0.distcp").write_bytes(blob)
@@ -396,11 +401,10 @@ def _damaged_checkpoints(tally: Tally, work: Path) -> None:
     for name, damage in DAMAGE.items():
         root = work / re.sub(r"\W+", "_", name)
         mgr = CheckpointManager(root, keep=2)
-        mgr.save(1, {"step": 1}, _policy_writer(os.urandom(4096)))
-        newest = mgr.save(2, {"step": 2}, _policy_writer(os.urandom(4096)))
+        mgr.save(1, {"step": 1}, policy_writer(os.urandom(4096)))
+        newest = mgr.save(2, {"step": 2}, policy_writer(os.urandom(4096)))
         damage(newest)
-        records = _capture_warnings(lambda: mgr.latest())
-        found, message = records
+        found, message = _capture_warnings(mgr.latest)
         ok = found is not None and found[0] == 1 and "skipping damaged checkpoint" in message
         tally.add("fault", f"checkpoint damage: {name}", ok, message.strip().splitlines()[-1][:160] if message else "no warning")
         if found is None:
@@ -408,8 +412,7 @@ def _damaged_checkpoints(tally: Tally, work: Path) -> None:
 
 
 def _capture_warnings(call: Callable[[], Any]) -> tuple[Any, str]:
-    import io
-
+    """``call()`` and what the checkpoint manager logged meanwhile."""
     buf = io.StringIO()
     handler = logging.StreamHandler(buf)
     log = logging.getLogger("megatron_pc.driver.checkpoints")
@@ -420,7 +423,7 @@ def _capture_warnings(call: Callable[[], Any]) -> tuple[Any, str]:
         log.removeHandler(handler)
 
 
-_SAVE_PAST_LIMIT = """
+SAVE_PAST_LIMIT = """
 import resource, signal, sys
 from pathlib import Path
 from megatron_pc.driver.checkpoints import CheckpointManager, CheckpointWriteError
@@ -431,6 +434,8 @@ def policy(content):
     return write
 mgr = CheckpointManager(sys.argv[1])
 mgr.save(2, {"step": 2}, policy(b"good"))
+# From here on no file may grow past 64 KiB: the kernel refuses the write (EFBIG), as a full
+# disk refuses it with ENOSPC.
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
 try:
@@ -442,7 +447,7 @@ except CheckpointWriteError as err:
 
 def _file_size_limit(tally: Tally, work: Path) -> None:
     work.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-c", _SAVE_PAST_LIMIT, str(work)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", SAVE_PAST_LIMIT, str(work)], capture_output=True, text=True, timeout=120)
     left = sorted(p.name for p in (work / "checkpoints").iterdir())
     ok = proc.returncode == 0 and "could not be written" in proc.stdout and left == ["step_00000002"]
     tally.add("fault", "a checkpoint write refused by the filesystem (file-size limit)", ok, f"left {left}; {proc.stdout.strip()[:120]}")

@@ -99,7 +99,8 @@ def _refused(tally: Any, name: str, call: Callable[[], Any], *culprits: str) -> 
         tally.add("bad_input", name, False, "accepted")
 
 
-def _tiny_hf(path: Path) -> Path:
+def tiny_hf_model(path: Path) -> Path:
+    """A 2-layer Qwen2 (GQA 4/2, untied head), saved by transformers at ``path``."""
     import torch
     import transformers
 
@@ -151,7 +152,7 @@ MODEL_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
 def _model_dirs(tally: Any, work: Path) -> None:
     from conversion.common import check_hf_weights
 
-    good = _tiny_hf(work / "good")
+    good = tiny_hf_model(work / "good")
     for name, (damage, culprit) in MODEL_DAMAGE.items():
         bad = work / name.replace(" ", "_")
         shutil.copytree(good, bad)
@@ -162,7 +163,7 @@ def _model_dirs(tally: Any, work: Path) -> None:
 def _through_the_cli(tally: Any, work: Path) -> None:
     """Two bad inputs through ``megatron-pc train`` itself: exit 2 before any worker starts,
     the culprit on stderr, and an existing run directory untouched."""
-    model = _tiny_hf(work / "model")
+    model = tiny_hf_model(work / "model")
     _edit_tensors(lambda s: s.pop(K))(model)
     data = work / "bad.jsonl"
     data.write_bytes(b'{"id": "a", "prompt": "1+1", "answer": "2"}\n{"id": "a", "prompt": "2+2", "answer": "4"}\n')

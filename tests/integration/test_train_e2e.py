@@ -14,7 +14,7 @@ import pytest
 
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
-from megatron_pc.bench.faults import TINY_GRACE_S, differences, kill_actor_after_step_1, kill_actor_when, log_grows_with, train
+from megatron_pc.bench.faults import TINY_GRACE_S, differences, kill_actor_after_step_1, kill_actor_when, log_grows_with, train, train_command
 from megatron_pc.config import load_config
 from megatron_pc.driver.checkpoints import verify
 from megatron_pc.driver.faults import Fault
@@ -114,8 +114,7 @@ def test_driver_killed_in_a_checkpoint_write_a_damaged_checkpoint_sigterm_twice_
     # 4. The same command once more, and the rollout engine SIGKILLed as it resumes: the engine is
     # restarted with the policy's weights, its call replayed; step 3 runs, and the run is the
     # uninterrupted one (nothing counted twice, the same samples, an identical trace).
-    cmd = [sys.executable, "-m", "megatron_pc", "train", *args, f"run_dir={run}"]
-    code, out = kill_actor_when(cmd, run, "ray::EngineActor", log_grows_with(run, "resuming from"))
+    code, out = kill_actor_when(train_command(run, args), run, "ray::EngineActor", log_grows_with(run, "resuming from"))
     assert code == 0, out[-3000:]
     assert "restarting it and replaying the call" in (run / "train.log").read_text()
     diffs, lost = differences(run, pc_run)

@@ -20,6 +20,8 @@ from safetensors.torch import load_file, save_file
 
 from conversion.common import check_hf_weights
 from conversion.errors import ConversionError
+from megatron_pc.bench.faults import policy_writer
+from megatron_pc.bench.faults_inputs import tiny_hf_model
 from megatron_pc.driver.checkpoints import CheckpointManager
 from megatron_pc.errors import MegatronPCError
 
@@ -29,15 +31,7 @@ FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Qwen2 (GQA 4/2), saved by transformers."""
-    import torch
-    import transformers
-
-    config = transformers.Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("hf") / "qwen2"
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path, safe_serialization=True)
-    return path
+    return tiny_hf_model(tmp_path_factory.mktemp("hf") / "qwen2")
 
 
 def _copy(src: Path, tmp: Path) -> Path:
@@ -112,15 +106,6 @@ def test_a_cut_off_weights_file_is_named(hf_dir: Path, tmp_path: Path, cut: floa
         check_hf_weights(model)
 
 
-def _policy(blob: bytes):
-    def write(path: Path) -> None:
-        (path / "shards").mkdir(parents=True)
-        (path / "shards" / "0.distcp").write_bytes(blob)
-        (path / "metadata.json").write_text('{"layout": [1, 1, 1]}')
-
-    return write
-
-
 @FUZZ
 @given(data=st.data())
 def test_any_damage_to_the_newest_checkpoint_falls_back_to_the_previous_and_says_why(tmp_path: Path, data: st.DataObject,
@@ -128,8 +113,8 @@ def test_any_damage_to_the_newest_checkpoint_falls_back_to_the_previous_and_says
     root = tmp_path / "run"
     shutil.rmtree(root, ignore_errors=True)
     mgr = CheckpointManager(root, keep=2)
-    mgr.save(1, {"step": 1}, _policy(bytes(range(256)) * 4))
-    newest = mgr.save(2, {"step": 2}, _policy(bytes(range(255, -1, -1)) * 4))
+    mgr.save(1, {"step": 1}, policy_writer(bytes(range(256)) * 4))
+    newest = mgr.save(2, {"step": 2}, policy_writer(bytes(range(255, -1, -1)) * 4))
     files = sorted(p for p in newest.rglob("*") if p.is_file())
     target = data.draw(st.sampled_from(files))
     blob = target.read_bytes()

@@ -105,34 +105,13 @@ def test_no_checkpoint_means_a_fresh_run(tmp_path) -> None:
     assert CheckpointManager(tmp_path).latest() is None
 
 
-_WRITE_PAST_THE_LIMIT = r"""
-import resource, signal, sys
-from pathlib import Path
-from megatron_pc.driver.checkpoints import CheckpointManager, CheckpointWriteError
-
-mgr = CheckpointManager(sys.argv[1])
-def policy(content):
-    def write(path):
-        path.mkdir()
-        (path / "shard.bin").write_bytes(content)
-    return write
-mgr.save(2, {"step": 2}, policy(b"good"))
-# From here on no file may grow past 64 KiB: the kernel refuses the write (EFBIG), as a full
-# disk refuses it with ENOSPC.
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
-try:
-    mgr.save(4, {"step": 4}, policy(b"x" * (1 << 20)))
-except CheckpointWriteError as err:
-    print(err)
-"""
-
-
 def test_a_checkpoint_the_filesystem_refuses_leaves_nothing_half_written_and_the_previous_intact(tmp_path) -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _WRITE_PAST_THE_LIMIT, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    from megatron_pc.bench.faults import SAVE_PAST_LIMIT  # the fault suite's case, run here alone
+
+    out = subprocess.run([sys.executable, "-c", SAVE_PAST_LIMIT, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "checkpoint of step 4 could not be written" in out.stdout and "File too large" in out.stdout
     assert "step_00000002, is intact" in out.stdout
