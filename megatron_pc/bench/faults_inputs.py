@@ -51,6 +51,9 @@ BAD_YAML: list[tuple[str, tuple[str, ...]]] = [
     ("rollout:\n  temperature: .nan\n", ("rollout.temperature",)),
 ]
 
+# A bad input is refused before any model is made or worker started: in seconds, not minutes.
+CLI_TIMEOUT_S = 120
+
 BAD_DATA: list[tuple[bytes, str]] = [
     (b"", "no rows"),
     (b'{"id": "a", "prompt": "1+1", "answer": "2"}\n{"id": "a", "prompt": "2+2", "answer": "4"}\n', "duplicate id"),
@@ -174,8 +177,12 @@ def _through_the_cli(tally: Any, work: Path) -> None:
         (run / "metrics.jsonl").write_text('{"step": 0}\n')
         before = sorted((p.relative_to(run), p.stat().st_size) for p in run.rglob("*") if p.is_file())
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "megatron_pc", "train", *args, f"run_dir={run}"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        try:
+            proc = subprocess.run([sys.executable, "-m", "megatron_pc", "train", *args, f"run_dir={run}"], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=CLI_TIMEOUT_S)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            tally.add("bad_input", f"megatron-pc train with {name}", False, f"not refused within {CLI_TIMEOUT_S} s")
+            continue
         after = sorted((p.relative_to(run), p.stat().st_size) for p in run.rglob("*") if p.is_file() and p.name not in ("train.log", "config.yaml"))
         ok = proc.returncode == 2 and culprit in proc.stderr and after == before and "Traceback" not in proc.stderr
         tally.add("bad_input", f"megatron-pc train with {name}", ok,

@@ -84,6 +84,8 @@ def prepare(cfg: Config) -> RunData:
     from conversion.common import check_hf_weights
     from conversion.errors import ConversionError
 
+    # The prompts first: a bad data file is named in seconds, before a missing model is made.
+    train, sets = load_prompt_sets(cfg.data, cfg.seed)
     model_path = ensure_model(cfg)
     try:
         check_hf_weights(model_path)  # a tensor missing or of the wrong shape, named before any worker starts
@@ -91,7 +93,6 @@ def prepare(cfg: Config) -> RunData:
         raise ConfigError("model.path", str(err)) from None
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     check_tokenizer(tokenizer, model_path, cfg.data.chat_template)
-    train, sets = load_prompt_sets(cfg.data, cfg.seed)
 
     def encode(records: list[PromptRecord]) -> list[list[int]]:
         limit = cfg.data.max_prompt_tokens

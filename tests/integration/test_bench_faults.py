@@ -20,6 +20,7 @@ KEYS = {"faults_injected", "faults_survived", "bad_inputs_tried", "bad_inputs_re
 def test_quick_fault_suite_survives_every_fault_refuses_every_bad_input_and_loses_nothing(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "megatron_pc", "bench", "faults", "--quick", "--json", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.stdout.strip(), f"bench faults printed no summary (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
     summary = json.loads(proc.stdout)
     assert KEYS <= set(summary)
     assert proc.returncode == 0, summary["failed"]

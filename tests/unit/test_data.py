@@ -248,3 +248,17 @@ def test_damaged_parquet_file_is_a_data_error_naming_it(tmp_path: Path) -> None:
     path.write_bytes(b"PAR1 this is not parquet PAR1")
     with pytest.raises(DataError, match="damaged.parquet: not a readable parquet file"):
         read_prompts(path)
+
+
+def test_a_bad_data_file_is_refused_before_a_missing_model_is_made(tmp_path: Path) -> None:
+    from megatron_pc.config import load_config
+    from megatron_pc.driver.prepare import prepare
+    from megatron_pc.errors import DataError
+
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"id": "a", "prompt": "1+1", "answer": "2"}\n{"id": "a", "prompt": "2+2", "answer": "4"}\n')
+    model = tmp_path / "model"
+    cfg = load_config(None, [f"model.path={model}", "model.make=tiny", f"data.source={data}"])
+    with pytest.raises(DataError, match="duplicate id"):
+        prepare(cfg)
+    assert not model.exists()  # the minutes-long warm-up never started
