@@ -84,7 +84,7 @@ def _speed(tokens: int, times: list[float]) -> dict[str, Any]:
             "median_tokens_per_s": tokens / median}
 
 
-def _vllm_figures(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+def _vllm_figures(model_dir: Path, prompt_ids: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     """Generation speed of the engine (after a warm-up call) and weight-push speed."""
     from transformers import AutoModelForCausalLM
 
@@ -95,7 +95,7 @@ def _vllm_figures(model_dir: Path, prompt_ids: list[list[int]], args: argparse.N
         max_tokens=args.max_tokens, max_num_seqs=len(prompt_ids) * args.n, dtype=args.dtype,
         enforce_eager=not args.compile,
     )
-    engine = VllmEngine(model_dir, config, run_dir=run_dir, name="bench0", seed=args.seed, max_prompt_tokens=max(map(len, prompt_ids)))
+    engine = VllmEngine(model_dir, config, name="bench0", seed=args.seed, max_prompt_tokens=max(map(len, prompt_ids)))
     try:
         sampling = SamplingSettings(
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         tok = AutoTokenizer.from_pretrained(model_dir)
         prompt_ids = [tok(p)["input_ids"] for p in _prompts(args.prompts, args.seed)]
         hf = _transformers_tokens_per_second(model_dir, prompt_ids, args)
-        vllm = _vllm_figures(model_dir, prompt_ids, args, Path(tmp))
+        vllm = _vllm_figures(model_dir, prompt_ids, args)
     figures = {"model": str(args.model or "tiny (made on the spot)"), "prompts": args.prompts, "n": args.n,
                "max_tokens": args.max_tokens, "temperature": args.temperature, "dtype": args.dtype, "compile": args.compile, "transformers": hf, "vllm": vllm,
                "speedup": vllm["tokens_per_s"] / hf["tokens_per_s"]}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from megatron_pc import console
@@ -151,7 +150,9 @@ def _master_address(placement: Placement) -> str:
 class MegatronGroup:
     """All ranks of the policy (``trainable``) or of the reference model."""
 
-    def __init__(self, cfg: Config, placement: Placement, trainable: bool) -> None:
+    def __init__(self, cfg: Config, placement: Placement, trainable: bool, wait: bool = True) -> None:
+        """``wait=False`` returns once the ranks are asked to start; :meth:`wait_ready` then
+        waits for them (so that other workers can start meanwhile)."""
         ray = _import_ray()
         master = _master_address(placement)
         cls = ray.remote(MegatronRank)
@@ -160,12 +161,20 @@ class MegatronGroup:
             cls.options(**placement.options(rank, "policy")).remote(rank, placement.world, master, cfg.model, cfg.training, cfg.seed, trainable)
             for rank in range(placement.world)
         ]
-        self._gather([a.ready.remote() for a in self.actors], "start")
-        self.dp_of_rank = [here["dp"] for here in self._gather([a.layout.remote() for a in self.actors], "layout")]
+        self._starting = [a.ready.remote() for a in self.actors]
+        self.dp_of_rank: list[int] = []
         """The data-parallel group of each rank (its TP/PP peers share that group's rows)."""
-        self.data_parallel = max(self.dp_of_rank) + 1
+        self.data_parallel = 0
         self.weight_channel: tuple[str, tuple[Any, ...]] | None = None
         """(transport, the engines it reaches) of the channel rank 0 has open, if any."""
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait until every rank has started; learn the ranks' data-parallel layout."""
+        self._gather(self._starting, "start")
+        self.dp_of_rank = [here["dp"] for here in self._gather([a.layout.remote() for a in self.actors], "layout")]
+        self.data_parallel = max(self.dp_of_rank) + 1
 
     def call(self, method: str, *args: Any) -> Any:
         """Run ``method`` on every rank; return rank 0's result."""
@@ -240,12 +249,12 @@ class RayEngine(RolloutEngine):
     """A vLLM engine actor seen through the :class:`RolloutEngine` interface, so that the
     rollout package's :class:`EngineGroup` splits, gathers and restarts it like a local one."""
 
-    def __init__(self, cfg: Config, placement: Placement, model_path: str, run_dir: Path, index: int) -> None:
+    def __init__(self, cfg: Config, placement: Placement, model_path: str, index: int) -> None:
         ray = _import_ray()
         self.name = f"engine{index}"
         bundle = placement.engine_offset + index * cfg.rollout.tensor_parallel
         actor_cls = ray.remote(EngineActor).options(**placement.options(bundle, "engine", gpus=1.0))
-        self.actor = actor_cls.remote(model_path, cfg.rollout, str(run_dir), self.name, cfg.seed + index, cfg.data.max_prompt_tokens)
+        self.actor = actor_cls.remote(model_path, cfg.rollout, self.name, cfg.seed + index, cfg.data.max_prompt_tokens)
         self._alive = True
         self.result(self.actor.ready.remote())
 
@@ -297,9 +306,9 @@ class RayEngine(RolloutEngine):
                 self._alive = False
 
 
-def engine_group(cfg: Config, placement: Placement, model_path: str, run_dir: Path) -> EngineGroup:
+def engine_group(cfg: Config, placement: Placement, model_path: str) -> EngineGroup:
     """The run's engines as actors behind one group (calls go out concurrently)."""
-    return EngineGroup(lambda k: RayEngine(cfg, placement, model_path, run_dir, k), cfg.rollout.engines, concurrent=True)
+    return EngineGroup(lambda k: RayEngine(cfg, placement, model_path, k), cfg.rollout.engines, concurrent=True)
 
 
 def peak_memory(policy: MegatronGroup | None, reference: MegatronGroup | None, engines: EngineGroup | None) -> dict[str, int]:

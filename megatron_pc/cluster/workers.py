@@ -213,13 +213,13 @@ class MegatronRank:
 class EngineActor:
     """A vLLM engine in its own process."""
 
-    def __init__(self, model_path: str, rollout_cfg: Any, run_dir: str, name: str, seed: int, max_prompt_tokens: int | None = None) -> None:
+    def __init__(self, model_path: str, rollout_cfg: Any, name: str, seed: int, max_prompt_tokens: int | None = None) -> None:
         from megatron_pc.console import redirect_worker_output
 
         redirect_worker_output()
         from megatron_pc.rollout.vllm_engine import VllmEngine
 
-        self.engine = VllmEngine(model_path, rollout_cfg, run_dir=run_dir, name=name, seed=seed, max_prompt_tokens=max_prompt_tokens)
+        self.engine = VllmEngine(model_path, rollout_cfg, name=name, seed=seed, max_prompt_tokens=max_prompt_tokens)
         self.receiver: Any = None  # its end of policy rank 0's weight-sync channel, once joined
 
     def ready(self) -> str:

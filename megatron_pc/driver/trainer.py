@@ -101,10 +101,18 @@ class RayWorkers:
     def start(self) -> None:
         """Placement group, policy and reference ranks, engines."""
         cfg = self.cfg
-        self.placement = G.Placement(cfg, use_gpu=_has_gpu())
-        self.policy = G.MegatronGroup(cfg, self.placement, trainable=True)
-        self.reference = G.MegatronGroup(cfg, self.placement, trainable=False) if cfg.training.kl_coef > 0 else None
-        self.engines = G.engine_group(cfg, self.placement, self.model_path, self.run_dir)
+        gpu = _has_gpu()
+        self.placement = G.Placement(cfg, use_gpu=gpu)
+        # The engines start while the Megatron ranks do (each takes tens of seconds on CPU),
+        # except where they share GPUs: vLLM sizes its KV cache from the memory free when it
+        # starts, which must not change under it while Megatron loads its weights.
+        meanwhile = not gpu or cfg.cluster.placement == "split"
+        self.policy = G.MegatronGroup(cfg, self.placement, trainable=True, wait=not meanwhile)
+        self.reference = G.MegatronGroup(cfg, self.placement, trainable=False, wait=not meanwhile) if cfg.training.kl_coef > 0 else None
+        self.engines = G.engine_group(cfg, self.placement, self.model_path)
+        for group in (self.policy, self.reference):
+            if group is not None and meanwhile:
+                group.wait_ready()
 
     def sync_weights(self) -> dict[str, float]:
         """Stream the policy's weights into every engine (rollout.weight_transport)."""

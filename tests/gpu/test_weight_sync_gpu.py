@@ -183,12 +183,12 @@ def _perturbed(model_dir: str) -> dict[str, torch.Tensor]:
     return {n: (t + 0.05 * torch.randn(t.shape, generator=gen)).to(torch.bfloat16) for n, t in sorted(state.items())}
 
 
-def _engine_scores(model_dir: str, run_dir: str, address: str, queue: Any, count: int, seqs: list[list[int]]) -> dict[str, Any]:
+def _engine_scores(model_dir: str, address: str, queue: Any, count: int, seqs: list[list[int]]) -> dict[str, Any]:
     from megatron_pc.rollout.config import RolloutConfig
     from megatron_pc.rollout.vllm_engine import VllmEngine
 
     config = RolloutConfig(dtype="bfloat16", gpu_memory_utilization=0.3, max_num_seqs=8)
-    engine = VllmEngine(model_dir, config, run_dir=run_dir, name="engine0", seed=0)
+    engine = VllmEngine(model_dir, config, name="engine0", seed=0)
     try:
         before = engine.score(seqs)
         receiver = IpcReceiver(Rendezvous.join(address, TIMEOUT_S), 1, "engine0")
@@ -216,7 +216,7 @@ def test_cuda_ipc_buckets_load_into_a_vllm_engine_like_the_same_weights_pushed_p
     seqs = [[1, 5, 9, 14, 20, 3, 7], [2, 4, 6, 8, 10, 12]]
     sender = IpcSender(Rendezvous.host("127.0.0.1", 300.0), ["engine0"])
     queue = CTX.Queue()
-    proc = _start(tmp_path / "engine.pt", _engine_scores, model_dir, str(tmp_path / "run"), sender.address, queue, len(buckets), seqs)
+    proc = _start(tmp_path / "engine.pt", _engine_scores, model_dir, sender.address, queue, len(buckets), seqs)
     try:
         sender.connect()  # returns once the engine started and joined
         for bucket in buckets:

@@ -21,11 +21,9 @@ VOCAB = 49152
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct as a plain HF directory (~30 s, once per module)."""
-    from megatron_pc.models.smollm2 import make_smollm2_hf
-
-    return make_smollm2_hf(tmp_path_factory.mktemp("smollm2") / "smollm2-135m")
+def smollm2(smollm2_dir: Path) -> Path:
+    """SmolLM2-135M-Instruct as a plain HF directory (the session's, made once)."""
+    return smollm2_dir
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +74,13 @@ def test_smollm2_comes_back_bit_for_bit_in_size_bounded_shards(smollm2: Path, co
     assert (converted["hf"] / "tokenizer.json").is_file() or (converted["hf"] / "tokenizer_config.json").is_file()
 
 
-def test_exported_smollm2_loads_in_vllm_and_matches_transformers_greedy(smollm2: Path, converted: dict,
-                                                                        tmp_path: Path) -> None:
+def test_exported_smollm2_loads_in_vllm_and_matches_transformers_greedy(smollm2: Path, converted: dict) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(converted["hf"])
     prompts = [tok(p)["input_ids"] for p in ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]]
     expected = hf_greedy(smollm2, prompts, 8)
-    assert vllm_greedy(converted["hf"], prompts, 8, tmp_path) == expected
+    assert vllm_greedy(converted["hf"], prompts, 8) == expected
 
 
 def test_bench_convert_prints_time_and_peak_memory_both_ways(smollm2: Path, tmp_path: Path,

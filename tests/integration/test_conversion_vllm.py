@@ -29,13 +29,13 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
     return out
 
 
-def vllm_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, run_dir: Path) -> list[list[int]]:
+def vllm_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy continuation token ids of vLLM on ``model_dir`` (in-process engine)."""
     from megatron_pc.rollout.base import GenerationRequest, SamplingSettings
     from megatron_pc.rollout.config import RolloutConfig
     from megatron_pc.rollout.vllm_engine import VllmEngine
 
-    engine = VllmEngine(model_dir, RolloutConfig(max_tokens=max_new_tokens, max_model_len=128), run_dir=run_dir)
+    engine = VllmEngine(model_dir, RolloutConfig(max_tokens=max_new_tokens, max_model_len=128))
     try:
         result = engine.generate([GenerationRequest(tuple(p), 1) for p in prompts],
                                  SamplingSettings(temperature=0.0, max_tokens=max_new_tokens))
@@ -53,4 +53,4 @@ def test_exported_tiny_model_loads_in_vllm_and_matches_transformers_greedy(tiny_
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
     expected = hf_greedy(tiny_model_dir, prompts, 8)
     assert any(len(e) > 1 for e in expected)
-    assert vllm_greedy(exported, prompts, 8, tmp_path) == expected
+    assert vllm_greedy(exported, prompts, 8) == expected

@@ -23,25 +23,20 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "smollm2_135m_cpu.yaml"
-# The config's code path on a tiny batch: 2 prompts x 8 rollouts a step, short responses.
+# The config's code path on a tiny batch: 2 prompts x 4 rollouts a step (PC: a pilot of 2 on
+# each of 4 new prompts, then the commit of 2 more), short responses.
 SMALL = [
-    "allocation.train_batch=2", "allocation.n=8", "allocation.pilot.n=4", "allocation.pilot.batch=4",
+    "allocation.train_batch=2", "allocation.n=4", "allocation.pilot.n=2", "allocation.pilot.batch=4",
     "allocation.dapo_batch=2", "training.mini_batch=2", "training.steps=2", "training.validate_every=2",
     "training.val_samples=1", "data.train_size=64", "data.validation_size=8", "rollout.max_tokens=96",
     "rollout.max_model_len=160", "logging.progress=false", "logging.tensorboard=false",
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the first run makes the model (model.make=smollm2); later runs reuse it."""
-    return tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct"
-
-
 @pytest.mark.parametrize("strategy", ["pilot_commit", "grpo", "dapo"])
-def test_smollm2_trains_two_steps_of_each_strategy(strategy: str, model_dir: Path, tmp_path: Path) -> None:
+def test_smollm2_trains_two_steps_of_each_strategy(strategy: str, smollm2_dir: Path, tmp_path: Path) -> None:
     run = tmp_path / strategy
-    overrides = [*SMALL, f"allocation.strategy={strategy}", f"model.path={model_dir}", f"run_dir={run}"]
+    overrides = [*SMALL, f"allocation.strategy={strategy}", f"model.path={smollm2_dir}", f"run_dir={run}"]
     proc = subprocess.run([sys.executable, "-m", "megatron_pc", "train", str(CONFIG), *overrides], cwd=ROOT,
                           capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{(run / 'train.log').read_text()[-4000:]}"

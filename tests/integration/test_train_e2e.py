@@ -148,18 +148,23 @@ def test_a_policy_rank_killed_mid_run_stops_the_run_naming_it_and_a_restart_resu
     assert read_trace(run / "trace.jsonl") == read_trace(pc_run / "trace.jsonl")
 
 
-def test_a_tp2_policy_in_split_placement_syncs_weights_the_engine_reproduces(tiny_model: Path, tmp_path: Path) -> None:
+def test_a_tp2_policy_in_split_placement_syncs_weights_that_both_shards_of_a_tp2_engine_reproduce(tiny_model: Path, tmp_path: Path) -> None:
+    """model.tensor_parallel=2 in split placement and rollout.tensor_parallel=2: the engine
+    actor drives two vLLM worker processes; each sync of the policy's TP=2 shards reaches both
+    engine shards (the engine scores like the trainer after every step)."""
     run = tmp_path / "tp2"
     proc = _train(
-        run, tiny_model, "model.tensor_parallel=2", "cluster.placement=split", "training.steps=2", "allocation.on_round_limit=train_partial"
+        run, tiny_model, "model.tensor_parallel=2", "cluster.placement=split", "rollout.tensor_parallel=2", "training.steps=2",
+        "allocation.on_round_limit=train_partial",
     )
     _ok(proc)
     rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:
         # After each update the engine scores sequences with the pushed weights exactly as
         # the TP=2 Megatron policy does (fp32).
         assert r["logprob_gap"] <= 1e-4, r["logprob_gap"]
-        assert r["sync_mb"] > 0
+        assert r["sync_mb"] == rows[1]["sync_mb"] > 0  # the whole model, counted by the engine
 
 
 def test_weights_synced_by_gloo_broadcast_from_a_tp2_policy_are_what_the_engine_reproduces(tiny_model: Path, tmp_path: Path) -> None:
@@ -178,14 +183,3 @@ def test_weights_synced_by_gloo_broadcast_from_a_tp2_policy_are_what_the_engine_
         assert r["sync_mb"] > 0
 
 
-def test_a_tp2_engine_gets_every_sync_and_reproduces_the_policy(tiny_model: Path, tmp_path: Path) -> None:
-    """rollout.tensor_parallel=2: the engine actor drives two vLLM worker processes; each sync
-    reaches both shards (the engine scores like the trainer after every step)."""
-    run = tmp_path / "engine_tp2"
-    proc = _train(run, tiny_model, "rollout.tensor_parallel=2", "training.steps=2", "allocation.on_round_limit=train_partial")
-    _ok(proc)
-    rows = read_metrics(run / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    for r in rows[1:]:
-        assert r["logprob_gap"] <= 1e-4, r["logprob_gap"]
-        assert r["sync_mb"] == rows[1]["sync_mb"] > 0  # the whole model, counted by the engine

