@@ -150,9 +150,9 @@ def _master_address(placement: Placement) -> str:
 class MegatronGroup:
     """All ranks of the policy (``trainable``) or of the reference model."""
 
-    def __init__(self, cfg: Config, placement: Placement, trainable: bool, wait: bool = True) -> None:
-        """``wait=False`` returns once the ranks are asked to start; :meth:`wait_ready` then
-        waits for them (so that other workers can start meanwhile)."""
+    def __init__(self, cfg: Config, placement: Placement, trainable: bool) -> None:
+        """Asks the ranks to start and returns: :meth:`wait_ready` waits for them (other
+        workers can start meanwhile)."""
         ray = _import_ray()
         master = _master_address(placement)
         cls = ray.remote(MegatronRank)
@@ -167,8 +167,6 @@ class MegatronGroup:
         self.data_parallel = 0
         self.weight_channel: tuple[str, tuple[Any, ...]] | None = None
         """(transport, the engines it reaches) of the channel rank 0 has open, if any."""
-        if wait:
-            self.wait_ready()
 
     def wait_ready(self) -> None:
         """Wait until every rank has started; learn the ranks' data-parallel layout."""

@@ -107,11 +107,15 @@ class RayWorkers:
         # except where they share GPUs: vLLM sizes its KV cache from the memory free when it
         # starts, which must not change under it while Megatron loads its weights.
         meanwhile = not gpu or cfg.cluster.placement == "split"
-        self.policy = G.MegatronGroup(cfg, self.placement, trainable=True, wait=not meanwhile)
-        self.reference = G.MegatronGroup(cfg, self.placement, trainable=False, wait=not meanwhile) if cfg.training.kl_coef > 0 else None
+        self.policy = G.MegatronGroup(cfg, self.placement, trainable=True)
+        self.reference = G.MegatronGroup(cfg, self.placement, trainable=False) if cfg.training.kl_coef > 0 else None
+        megatron = [g for g in (self.policy, self.reference) if g is not None]
+        if not meanwhile:
+            for group in megatron:
+                group.wait_ready()
         self.engines = G.engine_group(cfg, self.placement, self.model_path)
-        for group in (self.policy, self.reference):
-            if group is not None and meanwhile:
+        if meanwhile:
+            for group in megatron:
                 group.wait_ready()
 
     def sync_weights(self) -> dict[str, float]:

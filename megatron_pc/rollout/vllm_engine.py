@@ -147,10 +147,9 @@ class VllmEngine(RolloutEngine):
     def _set_environment(config: RolloutConfig) -> None:
         """vLLM reads these from the environment when the engine starts, not from arguments."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: iterators reach the worker
-        # vLLM's own per-user cache (~/.cache/vllm unless set), shared by every run: it keeps
-        # the model-class inspection that vLLM otherwise redoes in a fresh Python subprocess at
-        # each start (15 s on 2 cores); its entries are keyed by the hash of vLLM's model code.
-        os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm"))
+        # VLLM_CACHE_ROOT is left to vLLM (~/.cache/vllm unless set), shared by every run: it
+        # keeps the model-class inspection that vLLM otherwise redoes in a fresh Python
+        # subprocess at each start (15 s on 2 cores), keyed by the hash of vLLM's model code.
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_gib)
         # vLLM logs to stdout by default, which mixes its log into our commands' results
         # (`bench rollout --json`); read when vllm is first imported, so set before that.
