@@ -29,6 +29,11 @@ COUNTERS = (
     "buffer_epoch_drops",
     "buffer_overflow",
     "partial_steps",
+    # history-aware Pilot-Commit (allocation.history)
+    "prompts_screened",
+    "prompts_explored",
+    "prompts_direct",
+    "direct_trained",
 )
 
 

@@ -22,7 +22,7 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
     batch_prompts: dict[int, set[int]] = defaultdict(set)  # step -> prompts of its train groups
     for e in events:
         kind, step = e["event"], e.get("step")
-        if kind in ("pilot", "full") and e["prompt"] in evicted:
+        if kind in ("pilot", "full", "direct", "screen") and e["prompt"] in evicted:
             problems.append(f"step {step}: evicted prompt {e['prompt']} was drawn again")
         if kind == "pilot":
             generated[step]["pilot"] += e["n"]
@@ -42,6 +42,13 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
                 )
         elif kind == "full":
             generated[step]["full"] += e["n"]
+        elif kind == "direct":  # history-aware Pilot-Commit: n rollouts without a pilot
+            generated[step]["full"] += e["n"]
+            problems += _check_direct(e, cfg)
+            if e["evict"]:
+                evicted.add(e["prompt"])
+        elif kind == "screen":
+            problems += _check_screen(e, cfg)
         elif kind == "train_group":
             trained[step] += e["size"]
             if e["prompt"] in batch_prompts[step]:
@@ -66,9 +73,42 @@ def _check_pilot(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
     out = []
     if e["decision"] != expected:
         out.append(f"step {e['step']}: prompt {e['prompt']} with p_hat {p_hat:.3f} was {e['decision']}, expected {expected}")
+    return out + _check_evict(e, p_hat, cfg)
+
+
+def _check_evict(e: dict[str, Any], p_hat: float, cfg: AllocationConfig) -> list[str]:
+    h = cfg.history
+    if h.posterior_evict:
+        if "evict_prob" not in e:
+            return [f"step {e['step']}: prompt {e['prompt']}: posterior eviction is on but the event has no evict_prob"]
+        if e["evict"] != (e["evict_prob"] >= h.confidence):
+            return [f"step {e['step']}: prompt {e['prompt']} with P(p > {h.evict_level}) = {e['evict_prob']} evict={e['evict']} (confidence {h.confidence})"]
+        return []
     if e["evict"] != (p_hat >= cfg.p_evict):
-        out.append(f"step {e['step']}: prompt {e['prompt']} with p_hat {p_hat:.3f} evict={e['evict']} (p_evict {cfg.p_evict})")
-    return out
+        return [f"step {e['step']}: prompt {e['prompt']} with p_hat {p_hat:.3f} evict={e['evict']} (p_evict {cfg.p_evict})"]
+    return []
+
+
+def _check_direct(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
+    out = []
+    if not cfg.history.direct_commit:
+        out.append(f"step {e['step']}: prompt {e['prompt']} was given its rollouts directly, but allocation.history.direct_commit is off")
+    if e["n"] != cfg.n:
+        out.append(f"step {e['step']}: direct prompt {e['prompt']} got {e['n']} rollouts, not n = {cfg.n}")
+    p_hat = e["successes"] / e["n"]
+    if e["decision"] == "too_hard" and not p_hat < cfg.p_lower or e["decision"] == "too_easy" and not p_hat > cfg.p_upper:
+        out.append(f"step {e['step']}: direct prompt {e['prompt']} with p_hat {p_hat:.3f} was {e['decision']}")
+    return out + _check_evict(e, p_hat, cfg)
+
+
+def _check_screen(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
+    h = cfg.history
+    if not h.screen:
+        return [f"step {e['step']}: prompt {e['prompt']} was screened, but allocation.history.screen is off"]
+    if e["p_keep"] > 1.0 - h.confidence or e["evidence"] < h.min_evidence:
+        return [f"step {e['step']}: prompt {e['prompt']} screened with p_keep {e['p_keep']} and evidence {e['evidence']} "
+                f"(needs p_keep <= {1.0 - h.confidence:.3f} and evidence >= {h.min_evidence})"]  # fmt: skip
+    return []
 
 
 def _check_group(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:

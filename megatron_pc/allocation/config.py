@@ -62,6 +62,61 @@ class BufferConfig:
 
 
 @dataclass
+class HistoryConfig:
+    """History-aware Pilot-Commit (docs/history_aware.md). Every option is off by default, so the
+    paper's behaviour stays the default; ``preset: history_aware`` turns them all on."""
+
+    preset: Literal["off", "history_aware"] = "off"
+    """``history_aware``: every option below on (with the parameters as set)."""
+    demand_pilots: bool = False
+    """Pilot only as many new prompts as the buffer is expected to need, judged from each prompt's
+    predicted keep probability, instead of a fixed ``pilot.batch``."""
+    pilot_floor: int = 8
+    """Demand-sized rounds still draw at least this many new prompts."""
+    max_new_factor: float = 2.0
+    """Demand-sized rounds draw at most ``max_new_factor x pilot.batch`` new prompts."""
+    screen: bool = False
+    """Do not pilot (this epoch) a prompt whose posterior predicts a pilot outside the keep band
+    with probability >= ``confidence``; it is deferred (too hard) or skipped (too easy)."""
+    explore: float = 0.05
+    """Chance that a screened prompt is piloted anyway, so a prompt that has changed is found again."""
+    direct_commit: bool = False
+    """Give a prompt its n rollouts at once, with no pilot, when its posterior says that yields more
+    informative groups per rollout than piloting it (a prompt confidently in the band, or a pool on
+    which pilots mostly survive); the group is trained if its rewards differ."""
+    posterior_evict: bool = False
+    """Evict a prompt when its posterior puts p > ``evict_level`` with probability >= ``confidence``,
+    instead of after one pilot with p_hat >= p_evict."""
+    evict_level: float = 0.9
+    confidence: float = 0.9
+    half_life: float = 50.0
+    """Steps after which an observation of a prompt counts half (the policy changes)."""
+    min_evidence: float = 4.0
+    """Own (decayed) rollouts a prompt needs before it is screened or evicted by its posterior."""
+
+    def __post_init__(self) -> None:
+        if self.preset == "history_aware":
+            self.demand_pilots = self.screen = self.direct_commit = self.posterior_evict = True
+        _positive("pilot_floor", self.pilot_floor)
+        if self.max_new_factor < 1.0:
+            raise ConfigError("max_new_factor", f"must be >= 1, got {self.max_new_factor}")
+        for name in ("explore", "evict_level", "confidence"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(name, f"must lie in [0, 1], got {getattr(self, name)}")
+        if self.confidence <= 0.5:
+            raise ConfigError("confidence", f"must be > 0.5 (a decision taken with less than even odds), got {self.confidence}")
+        if self.half_life <= 0:
+            raise ConfigError("half_life", f"must be > 0 steps, got {self.half_life}")
+        if self.min_evidence < 0:
+            raise ConfigError("min_evidence", f"must be >= 0, got {self.min_evidence}")
+
+    @property
+    def active(self) -> bool:
+        """True when any option is on (the prompt history is then kept)."""
+        return self.demand_pilots or self.screen or self.direct_commit or self.posterior_evict
+
+
+@dataclass
 class AllocationConfig:
     """How rollouts are spent: the strategy and everything it decides with.
 
@@ -86,6 +141,8 @@ class AllocationConfig:
     p_evict: float = 1.0
     """A pilot with p_hat >= p_evict removes the prompt from the pool for good."""
     buffer: BufferConfig = field(default_factory=BufferConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
+    """History-aware options of pilot_commit (off by default)."""
     dapo_batch: int | None = None
     """Prompts DAPO draws per generation round. None: train_batch."""
     max_rounds: int = 10

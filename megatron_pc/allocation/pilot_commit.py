@@ -7,14 +7,22 @@ epoch, too hard (< p_lower) is deferred to the next epoch, in the band it waits 
 buffer for its commit; p_hat >= p_evict also evicts the prompt for good. A committed
 survivor trains on its kept pilot rollouts plus its commit rollouts as one group.
 See ../shared/docs/PILOT_COMMIT.md for the reference behaviour.
+
+The history-aware options (``allocation.history``, off by default; docs/history_aware.md) keep
+a faded Beta posterior over every prompt's success rate (:mod:`megatron_pc.allocation.history`)
+and use it to size the pilot batch to demand, to screen prompts confidently outside the band,
+to give a prompt its n rollouts directly when that yields more informative groups per rollout
+than a pilot, and to evict by the posterior rather than one pilot.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from megatron_pc.allocation.base import AllocationStrategy
 from megatron_pc.allocation.buffer import BufferEntry, ReplayBuffer, select_kept_pilots
+from megatron_pc.allocation.history import Posterior, PromptHistory
 from megatron_pc.allocation.types import Request, Rollout, RoundPlan, TrainGroup
 
 
@@ -27,9 +35,13 @@ class PilotCommit(AllocationStrategy):
         super().__init__(*args, **kwargs)
         self.buffer = ReplayBuffer(self.cfg.buffer, seed=self._rng.randrange(2**31))
         self._committing: list[BufferEntry] = []
+        self.history = PromptHistory(self.cfg.history.half_life) if self.cfg.history.active else None
+        self._planned: dict[int, dict[str, Any]] = {}  # prompt -> what the plan predicted (history on)
 
     # ---- planning ----------------------------------------------------------------------
     def _plan_requests(self) -> list[Request]:
+        if self.history is not None:
+            return self._plan_with_history()
         # A step that crosses an epoch boundary must not pilot (and so commit) a prompt that is
         # already in its batch: the new epoch draws every prompt again.
         in_batch = {g.prompt for g in self.batch}
@@ -52,6 +64,89 @@ class PilotCommit(AllocationStrategy):
             Request(e.prompt, self.cfg.commit_rollouts, "commit") for e in self._committing
         ]
 
+    def _plan_with_history(self) -> list[Request]:
+        """A round under the history-aware options: commits as always; new prompts drawn one by
+        one and each screened, piloted or given its n rollouts directly by its posterior, until
+        the expected survivors meet the demand (or ``pilot.batch`` prompts are drawn)."""
+        cfg, h, history = self.cfg, self.cfg.history, self.history
+        assert history is not None
+        if self.pool.remaining == 0:
+            self._end_epoch()
+        in_batch = {g.prompt for g in self.batch}
+        wanted = min(cfg.train_batch - len(self.batch), len(self.buffer))
+        room = cfg.train_batch - len(self.batch) - wanted  # groups this step needs beyond the commits
+        if h.demand_pilots:
+            # Survivors the next round will want: the rest of this step, else the next step's batch,
+            # less what stays in the buffer.
+            demand = (room if room > 0 else cfg.train_batch) - (len(self.buffer) - wanted)
+            limit = max(h.pilot_floor, math.ceil(h.max_new_factor * cfg.pilot.batch))
+        else:
+            demand, limit = math.inf, cfg.pilot.batch
+        floor = min(h.pilot_floor, limit) if h.demand_pilots else limit
+        prior = history.prior(self.step)
+        new: list[Request] = []
+        expected, scanned, directs, epoch_ends = 0.0, 0, 0, 0
+        while len(new) < limit and (expected < demand or len(new) < floor) and scanned < 20 * limit:
+            got = self.pool.draw(1, exclude=in_batch) if self.pool.remaining else []
+            if not got:
+                if new or wanted or epoch_ends:
+                    break  # the epoch has run out: the next round starts the next one
+                self._end_epoch()  # nothing to do this round but prompts of the batch: a new epoch
+                epoch_ends += 1
+                wanted, room = 0, cfg.train_batch - len(self.batch)  # the epoch end dropped the buffer
+                if h.demand_pilots:
+                    demand = room
+                continue
+            prompt, scanned = got[0], scanned + 1
+            post = history.posterior(prompt, self.step, prior)
+            p_keep = post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
+            explored = False
+            if h.screen and post.evidence >= h.min_evidence and p_keep <= 1.0 - h.confidence:
+                explored = self._rng.random() < h.explore
+                if not explored:
+                    self._screen(prompt, post, p_keep)
+                    continue
+            p_direct = post.p_informative(cfg.n)
+            if h.direct_commit and p_direct / cfg.n > p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts):
+                if directs >= room:  # the step has no room for it: it waits for a later round
+                    self.pool.undraw(1)
+                    break
+                directs += 1
+                expected += p_direct
+                new.append(Request(prompt, cfg.n, "full"))
+            else:
+                expected += p_keep
+                new.append(Request(prompt, cfg.pilot.n, "pilot"))
+            self._planned[prompt] = {"p_keep": p_keep, "p_informative": round(p_direct, 4), "explore": explored}
+        n_commits = wanted
+        while True:  # every round's rollouts divide evenly over the generation engines
+            rollouts = sum(r.n for r in new)
+            n_commits = next((k for k in range(wanted, -1, -1) if (rollouts + k * cfg.commit_rollouts) % self.ranks == 0), -1)
+            if n_commits >= 0 or not new:
+                break
+            self._planned.pop(new.pop().prompt)  # trimmed: skipped this epoch, as a short last draw is
+        self.acct.add("prompts_drawn", len(new))
+        self.acct.add("prompts_direct", sum(1 for r in new if r.kind == "full"))
+        self.acct.add("prompts_explored", sum(1 for r in new if self._planned[r.prompt]["explore"]))
+        self._committing = self.buffer.take(max(n_commits, 0))
+        self.acct.add("buffer_pops", len(self._committing))
+        return new + [Request(e.prompt, cfg.commit_rollouts, "commit") for e in self._committing]
+
+    def _screen(self, prompt: int, post: Posterior, p_keep: float) -> None:
+        """Not piloted this epoch: the posterior says its pilot would land outside the band."""
+        n = self.cfg.pilot.n
+        pmf = post.predictive(n)
+        below = sum(q for k, q in enumerate(pmf) if k / n < self.cfg.p_lower)
+        above = sum(q for k, q in enumerate(pmf) if k / n > self.cfg.p_upper)
+        too_hard = below >= above
+        if too_hard:
+            self.pool.defer(prompt)
+        self.acct.add("prompts_screened")
+        self.trace.emit(
+            {"event": "screen", "step": self.step, "round": self.round, "prompt": prompt, "p_keep": p_keep,
+             "mean": round(post.mean, 4), "evidence": round(post.evidence, 3), "outcome": "too_hard" if too_hard else "too_easy"}  # fmt: skip
+        )
+
     # ---- observing ---------------------------------------------------------------------
     def _observe(self, plan: RoundPlan, results: Sequence[Sequence[Rollout]]) -> None:
         committing = iter(self._committing)
@@ -59,8 +154,52 @@ class PilotCommit(AllocationStrategy):
         for req, rollouts in zip(plan.requests, results):
             if req.kind == "pilot":
                 self._classify_pilot(plan, req, list(rollouts))
+            elif req.kind == "full":
+                self._direct(plan, req, list(rollouts))
             else:
                 self._commit(plan, req, next(committing), list(rollouts))
+        self._planned.clear()
+
+    def _observe_history(self, prompt: int, successes: int, n: int) -> dict[str, Any]:
+        """Add the rollouts to the prompt's history; the trace fields of the decision it informs."""
+        assert self.history is not None
+        h = self.cfg.history
+        self.history.observe(prompt, successes, n, self.step)
+        fields = dict(self._planned.get(prompt, {}))
+        if h.posterior_evict:
+            post = self.history.posterior(prompt, self.step, self.history.prior(self.step))
+            prob = post.p_above(h.evict_level) if post.evidence >= h.min_evidence and post.mean > h.evict_level / 2 else 0.0
+            fields["evict_prob"] = prob
+        return fields
+
+    def _evict_by(self, p_hat: float, fields: dict[str, Any]) -> bool:
+        if self.history is not None and self.cfg.history.posterior_evict:
+            return fields["evict_prob"] >= self.cfg.history.confidence
+        return p_hat >= self.cfg.p_evict
+
+    def _direct(self, plan: RoundPlan, req: Request, rollouts: list[Rollout]) -> None:
+        """A prompt given its n rollouts at once: trained if its rewards differ, else judged like a pilot."""
+        cfg = self.cfg
+        group = TrainGroup(req.prompt, rollouts, self.step)
+        p_hat = group.successes / group.size
+        fields = self._observe_history(req.prompt, group.successes, group.size)
+        if group.informative:
+            decision = "keep"
+            self.batch.append(group)
+            self.acct.add("direct_trained")
+        elif p_hat < cfg.p_lower:
+            decision = "too_hard"
+            self.pool.defer(req.prompt)
+        else:
+            decision = "too_easy" if p_hat > cfg.p_upper else "zero_variance"
+        evict = self._evict_by(p_hat, fields)
+        if evict:
+            self.pool.evict(req.prompt)
+            self.acct.add("prompts_evicted")
+        self.trace.emit(
+            {"event": "direct", "step": plan.step, "round": plan.round, "prompt": req.prompt, "n": req.n,
+             "successes": group.successes, "decision": decision, "evict": evict, **fields}  # fmt: skip
+        )
 
     def _classify_pilot(self, plan: RoundPlan, req: Request, rollouts: list[Rollout]) -> None:
         cfg = self.cfg
@@ -78,7 +217,8 @@ class PilotCommit(AllocationStrategy):
             self.acct.add("buffer_overflow", self.buffer.push(req.prompt, self.step, successes, len(rollouts), kept))
             self.acct.add("buffer_adds")
         self.acct.add(f"prompts_{decision}" if decision != "keep" else "prompts_kept")
-        evict = p_hat >= cfg.p_evict
+        fields = self._observe_history(req.prompt, successes, len(rollouts)) if self.history is not None else {}
+        evict = self._evict_by(p_hat, fields)
         if evict:
             self.pool.evict(req.prompt)
             self.acct.add("prompts_evicted")
@@ -92,12 +232,15 @@ class PilotCommit(AllocationStrategy):
                 "successes": successes,
                 "decision": decision,
                 "evict": evict,
+                **fields,
             }
         )
 
     def _commit(self, plan: RoundPlan, req: Request, entry: BufferEntry, rollouts: list[Rollout]) -> None:
         group = TrainGroup(req.prompt, entry.kept + rollouts, self.step, pilot_step=entry.pilot_step, n_pilot=len(entry.kept))
         self.batch.append(group)
+        if self.history is not None:
+            self.history.observe(req.prompt, [r.correct for r in rollouts].count(True), len(rollouts), self.step)
         self.trace.emit(
             {"event": "commit", "step": plan.step, "round": plan.round, "prompt": req.prompt, "n": req.n, "pilot_step": entry.pilot_step}
         )
@@ -127,10 +270,15 @@ class PilotCommit(AllocationStrategy):
         )
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"buffer": self.buffer.state_dict()}
+        history = {"history": self.history.state_dict()} if self.history is not None else {}
+        return {"buffer": self.buffer.state_dict(), **history}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self.buffer.load_state_dict(state["buffer"])
+        if self.history is not None:
+            if "history" not in state:
+                raise ValueError("allocation.history is on but the checkpoint holds no prompt history (it was saved without it)")
+            self.history.load_state_dict(state["history"])
 
 
 def fit_round_to_ranks(n_pilots: int, pilot_n: int, n_commits: int, commit_n: int, ranks: int) -> tuple[int, int]:
