@@ -13,6 +13,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "step": ("megatron_pc.bench.step", "throughput per training step of a config"),
     "datapath": ("megatron_pc.bench.datapath", "bytes the driver moves and its peak memory in one step's update, before and after"),
     "faults": ("megatron_pc.bench.faults", "the fault suite: faults injected into real runs and bad inputs, survived and refused"),
+    "sweep": ("megatron_pc.bench.sweep", "history-aware Pilot-Commit vs PC, GRPO, DAPO on the simulator over a grid of task settings"),
     "rollouts": ("megatron_pc.bench.rollouts", "rollouts and seconds to target accuracies per task regime, over seeds; report and plots"),
 }
 

@@ -4,7 +4,9 @@ Reference sizes (PILOT_COMMIT.md): a pool of 100,000 prompts, train batch 128, n
 (pilot 32 + commit 96), pilot batch 384. A steady-state round plans 384 pilots x 32 rollouts
 and 128 commits x 96, then observes all 24,576 rewarded rollouts. Rollouts are made before
 the clock starts; plan_round, observe and (when the batch fills) finish_step are timed.
-Goal: under 20 ms per round.
+Goal: under 20 ms per round. ``--history`` times history-aware Pilot-Commit (the preset) as in a
+later epoch: every prompt of the pool already has a history, so each one drawn is judged by its
+own posterior.
 """
 
 from __future__ import annotations
@@ -15,22 +17,26 @@ import statistics
 import time
 
 from megatron_pc.allocation import Rollout, build_strategy
-from megatron_pc.allocation.config import AllocationConfig, PilotConfig
+from megatron_pc.allocation.config import AllocationConfig, HistoryConfig, PilotConfig
 
 
-def _reference_config(rounds: int) -> AllocationConfig:
+def _reference_config(rounds: int, history: bool) -> AllocationConfig:
     # Many rounds, all trained partially filled or full: the limit must not stop the bench.
     return AllocationConfig(
-        strategy="pilot_commit", train_batch=128, n=128, pilot=PilotConfig(n=32, batch=384), max_rounds=max(10, rounds)
+        strategy="pilot_commit", train_batch=128, n=128, pilot=PilotConfig(n=32, batch=384), max_rounds=max(10, rounds),
+        history=HistoryConfig(preset="history_aware" if history else "off"),
     )
 
 
-def bench(rounds: int, pool_size: int, seed: int) -> dict[str, float]:
+def bench(rounds: int, pool_size: int, seed: int, history: bool = False) -> dict[str, float]:
     """Time ``rounds`` steady-state rounds; returns milliseconds per round (median, p90, max)."""
-    cfg = _reference_config(rounds)
+    cfg = _reference_config(rounds, history)
     strategy = build_strategy(cfg, pool_size, seed)
     rng = random.Random(seed)
     rates = [rng.random() for _ in range(pool_size)]
+    if history:  # a later epoch: one earlier pilot of every prompt is remembered
+        for prompt, rate in enumerate(rates):
+            strategy.history.observe(prompt, sum(rng.random() < rate for _ in range(cfg.pilot.n)), cfg.pilot.n, 0)
     timings, shapes = [], []
     for i in range(rounds + 3):
         if strategy.batch_ready():
@@ -64,10 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--pool-size", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--history", action="store_true", help="history-aware Pilot-Commit, every prompt with a history")
     args = parser.parse_args(argv)
-    r = bench(args.rounds, args.pool_size, args.seed)
+    r = bench(args.rounds, args.pool_size, args.seed, args.history)
     print(
-        f"controller round (pool {args.pool_size:,}, pilot {r['pilot_rollouts_per_round']:,.0f} + commit "
+        f"controller round{' (history-aware)' if args.history else ''} (pool {args.pool_size:,}, pilot {r['pilot_rollouts_per_round']:,.0f} + commit "
         f"{r['commit_rollouts_per_round']:,.0f} rollouts): median {r['median_ms']:.1f} ms, p90 {r['p90_ms']:.1f} ms, "
         f"max {r['max_ms']:.1f} ms over {r['rounds']} rounds (goal < 20 ms)"
     )

@@ -39,6 +39,9 @@ from megatron_pc.metrics.logger import read_metrics
 
 REFERENCE = "pilot_commit"
 """The strategy every other one is compared with."""
+HISTORY_AWARE = "pc_history"
+"""The benchmark's label of history-aware Pilot-Commit (allocation.history.preset=history_aware),
+also compared with every other strategy when present."""
 MAIN_STRATEGIES = ("pilot_commit", "grpo", "dapo")
 """Strategies whose final gains set the targets (ablations are measured against them)."""
 TARGET_FRACTIONS = (0.25, 0.5, 0.75)
@@ -210,11 +213,13 @@ def compare(runs: list[Run], targets: list[float]) -> dict[str, Any]:
         for name in _labels(runs):
             mine = sorted((r for r in runs if r.strategy == name), key=lambda r: r.seed)
             entry["strategies"][name] = {axis: spread({r.seed: first_reach(r.points, target, axis) for r in mine}) for axis in ("rollouts", "seconds")}
-        ref = entry["strategies"].get(REFERENCE)
-        if ref is not None:
+        for reference in (REFERENCE, HISTORY_AWARE):
+            ref = entry["strategies"].get(reference)
+            if ref is None:
+                continue
             for name, figures in entry["strategies"].items():
-                if name != REFERENCE:
-                    figures["vs_pilot_commit"] = {axis: ratio(figures[axis], ref[axis]) for axis in ("rollouts", "seconds")}
+                if name != reference:
+                    figures[f"vs_{reference}"] = {axis: ratio(figures[axis], ref[axis]) for axis in ("rollouts", "seconds")}
         out.append(entry)
     return {"seeds": sorted({r.seed for r in runs}), "targets": out}
 
@@ -230,6 +235,7 @@ def run_figures(run: Run) -> dict[str, Any]:
 
     generated = last.get("cum_generated") or 0
     piloted = last.get("cum_prompts_piloted") or 0
+    drawn = last.get("cum_prompts_drawn") or 0
     train_seconds = list(step_train_seconds(run.rows).values())
     return {
         "steps": last.get("step", 0),
@@ -243,6 +249,8 @@ def run_figures(run: Run) -> dict[str, Any]:
         "trained_share": (last.get("cum_trained_rollouts") or 0) / generated if generated else None,
         "pilot_keep_rate": (last.get("cum_prompts_kept") or 0) / piloted if piloted else None,
         "prompts_evicted": last.get("cum_prompts_evicted"),
+        "direct_share": (last.get("cum_prompts_direct") or 0) / drawn if drawn and "cum_prompts_direct" in last else None,
+        "prompts_screened": last.get("cum_prompts_screened"),
         "buffer_age_evictions": last.get("cum_buffer_age_evictions"),
         "partial_steps": last.get("cum_partial_steps"),
         "step_seconds": statistics.median(train_seconds) if train_seconds else None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from megatron_pc.bench.report import REFERENCE
+from megatron_pc.bench.report import HISTORY_AWARE, REFERENCE
 
 
 def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
@@ -79,6 +79,8 @@ _ALLOCATION_COLUMNS = (
     ("trained_share", "trained share", "{:.2f}"),
     ("pilot_keep_rate", "pilot keep rate", "{:.2f}"),
     ("prompts_evicted", "evicted", "{:,.0f}"),
+    ("prompts_screened", "screened", "{:,.0f}"),
+    ("direct_share", "direct share", "{:.2f}"),
     ("buffer_age_evictions", "buffer age-outs", "{:,.0f}"),
     ("partial_steps", "partial steps", "{:,.0f}"),
     ("step_seconds", "s/step", "{:.2f}"),
@@ -87,6 +89,18 @@ _ALLOCATION_COLUMNS = (
     ("final_accuracy", "final acc", "{:.3f}"),
     ("val_stderr", "val stderr", "{:.4f}"),
 )
+
+
+def _history_table(reg: dict[str, Any]) -> list[str]:
+    """Every other strategy's rollouts over history-aware Pilot-Commit's, per target."""
+    others = [n for n in reg["strategies"] if n != HISTORY_AWARE]
+    head = ["target"] + [f"{n}/{HISTORY_AWARE}" for n in others]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for frac, t in zip(reg["fractions"], reg["targets"]):
+        cells = [f"{t['accuracy']:.3f} ({100 * frac:.0f}%)"]
+        cells += [_ratio_cell(t["strategies"][n][f"vs_{HISTORY_AWARE}"]["rollouts"]).replace("PC", HISTORY_AWARE) for n in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def _allocation_table(reg: dict[str, Any]) -> list[str]:
@@ -113,6 +127,8 @@ def markdown(summary: dict[str, Any], sections: list[str]) -> str:
         else:
             lines += ["", "Rollouts generated to reach each target:", ""] + _reach_table(reg, "rollouts", "{:,.0f}")
             lines += ["", "Training seconds (validation excluded) to reach each target:", ""] + _reach_table(reg, "seconds", "{:,.0f}")
+            if HISTORY_AWARE in reg["strategies"]:
+                lines += ["", f"Rollouts against history-aware Pilot-Commit ({HISTORY_AWARE}; above 1 it needed less):", ""] + _history_table(reg)
         lines += ["", "Allocation (means over seeds and steps; counts at the end of the run):", ""] + _allocation_table(reg)
     plots = summary.get("plots", {})
     if plots:

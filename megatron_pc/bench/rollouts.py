@@ -38,6 +38,9 @@ from megatron_pc.bench.step import STRATEGIES, run_strategy
 from megatron_pc.errors import MegatronPCError
 
 ABLATIONS = ("grpo_matched", "pc_sized")
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {"pc_history": ("pilot_commit", ("allocation.history.preset=history_aware",))}
+"""Further methods run beside the strategies, by label: (strategy, overrides). ``pc_history`` is
+history-aware Pilot-Commit (docs/history_aware.md)."""
 DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
 VALIDATION_SEED = 20_260_526
 """Seed of every regime's fixed validation set (not a run seed: the set is shared by all runs)."""
@@ -67,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--validate-every", type=int, default=5, help="validation every K steps")
     parser.add_argument("--val-size", type=int, default=1000, help="prompts in each regime's fixed validation set")
     parser.add_argument("--train-size", type=int, default=20_000, help="training prompts per run")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated from {', '.join(VARIANTS)}, or none")
     parser.add_argument("--ablations", default=",".join(ABLATIONS), help=f"comma-separated from {', '.join(ABLATIONS)}, or none")
     parser.add_argument("--calibration-prompts", type=int, default=500, help="validation prompts the start model is measured on")
     parser.add_argument("--no-simulate", action="store_true", help="skip the calibrated simulator")
@@ -75,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_args(args: argparse.Namespace) -> tuple[list[Regime], list[str], list[str]]:
+def _check_args(args: argparse.Namespace) -> tuple[list[Regime], list[str], list[str], list[str]]:
     from megatron_pc.config_cli import split_config_args
 
     config, args.overrides = split_config_args(args.config, args.overrides)  # CONFIG may be left out
@@ -89,10 +93,14 @@ def _check_args(args: argparse.Namespace) -> tuple[list[Regime], list[str], list
     bad = [a for a in ablations if a not in ABLATIONS]
     if bad:
         raise MegatronPCError(f"--ablations: unknown {bad}; choose from {', '.join(ABLATIONS)}, or none")
+    variants = [] if args.variants.strip() == "none" else [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise MegatronPCError(f"--variants: unknown {bad}; choose from {', '.join(VARIANTS)}, or none")
     for name in ("seeds", "steps", "validate_every", "val_size", "train_size", "calibration_prompts"):
         if getattr(args, name) < 1:
             raise MegatronPCError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-    return regimes, strategies, ablations
+    return regimes, strategies, variants, ablations
 
 
 def _base_overrides(args: argparse.Namespace, regime: Regime, validation: Path) -> list[str]:
@@ -228,15 +236,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    regimes, strategies, ablations = _check_args(args)
+    regimes, strategies, variants, ablations = _check_args(args)
     fractions = parse_fractions(args.target_fractions)
     from megatron_pc.config import load_config
 
     out = Path(args.out).resolve()
     for regime in regimes:  # refuse a bad config before any run starts
-        for strategy in strategies:
-            load_config(args.config, [*_base_overrides(args, regime, out / "v.jsonl"), f"allocation.strategy={strategy}"])
-    progress = Progress(len(regimes) * args.seeds * (len(strategies) + len(ablations)))
+        for strategy, more in [(s, ()) for s in strategies] + [VARIANTS[v] for v in variants]:
+            load_config(args.config, [*_base_overrides(args, regime, out / "v.jsonl"), f"allocation.strategy={strategy}", *more])
+    progress = Progress(len(regimes) * args.seeds * (len(strategies) + len(variants) + len(ablations)))
     runs: list[Run] = []
     extra: dict[str, Any] = {"bench": {k: v for k, v in vars(args).items()}, "calibration": {}, "ablations": {}, "simulator": {},
                              "wall_seconds": {}}  # fmt: skip
@@ -247,8 +255,9 @@ def _bench(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, base)
         calibration = calibrate(cfg, validation, args.calibration_prompts, out / regime.name / "success_rates.json")
         extra["calibration"][regime.name] = {k: v for k, v in calibration.items() if k != "rates"}
-        jobs = [Job(regime, s, s, seed, (*base, f"allocation.strategy={s}"), out / regime.name / s / f"seed_{seed}")
-                for seed in range(args.seeds) for s in strategies]  # fmt: skip
+        labelled = [(s, s, ()) for s in strategies] + [(v, *VARIANTS[v]) for v in variants]
+        jobs = [Job(regime, label, s, seed, (*base, f"allocation.strategy={s}", *more), out / regime.name / label / f"seed_{seed}")
+                for seed in range(args.seeds) for label, s, more in labelled]  # fmt: skip
         sized = ablation_jobs(cfg, regime, ablations, calibration, base, out, args.seeds)
         extra["ablations"][regime.name] = sized["settings"]
         for job in jobs + sized["jobs"]:

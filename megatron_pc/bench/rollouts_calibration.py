@@ -136,7 +136,9 @@ def simulate_regime(args: argparse.Namespace, regime: Regime, rates_path: Path, 
     from megatron_pc.config import load_config
 
     rates, samples = read_success_rates(str(rates_path))
-    strategies = [s for s in measured["strategies"] if s in ("pilot_commit", "grpo", "dapo")]
+    from megatron_pc.bench.simulate import LABELS
+
+    strategies = [s for s in measured["strategies"] if s in ("pilot_commit", "grpo", "dapo", *LABELS)]
     cfg = load_config(args.config, [*args.overrides, "allocation.strategy=pilot_commit"])
     sim = SimConfig(pool_size=args.train_size, validation_size=min(args.val_size, 2000), success_rates=rates, success_samples=samples,
                     target_accuracy=math.inf, max_steps=args.steps, seeds=list(range(args.seeds)), strategies=strategies)  # fmt: skip

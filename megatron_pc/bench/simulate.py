@@ -51,7 +51,7 @@ from megatron_pc.allocation.trace import NullTrace, TraceSink, TraceWriter
 from megatron_pc.allocation.config import AllocationConfig
 from megatron_pc.config import Config, from_dict, load_config, to_dict
 from megatron_pc.config_cli import split_config_args
-from megatron_pc.errors import ConfigError
+from megatron_pc.errors import ConfigError, RoundLimitError
 
 
 @dataclass
@@ -151,11 +151,18 @@ def run_one(cfg: Config, sim: SimConfig, strategy: str, seed: int, trace: TraceS
     start_acc = acc = policy.validation_accuracy()
     curve = [(0, 0, acc)]
     reached_at: tuple[int, int] | None = None
+    stopped: str | None = None
+    m: dict[str, float] = {}
     for step in range(1, sim.max_steps + 1):
-        while not strat.batch_ready():
-            plan = strat.plan_round()
-            strat.observe(plan, policy.generate(plan))
+        try:
+            while not strat.batch_ready():
+                plan = strat.plan_round()
+                strat.observe(plan, policy.generate(plan))
+        except RoundLimitError as err:  # e.g. every prompt evicted: the run ends here, as a real one would
+            stopped = str(err)
+            break
         result = strat.finish_step()
+        m = result.metrics
         policy.train(result.groups)
         acc = policy.validation_accuracy()
         generated = int(result.metrics["cum_generated"])
@@ -163,26 +170,33 @@ def run_one(cfg: Config, sim: SimConfig, strategy: str, seed: int, trace: TraceS
         if acc >= sim.target_accuracy:
             reached_at = (step, generated)
             break
-    m = result.metrics
     return {
         "strategy": strategy,
         "seed": seed,
+        "stopped": stopped,
         "reached": reached_at is not None,
         "steps_to_target": reached_at[0] if reached_at else None,
         "rollouts_to_target": reached_at[1] if reached_at else None,
         "start_accuracy": start_acc,
         "final_accuracy": acc,
         "steps": curve[-1][0],
-        "rollouts_generated": int(m["cum_generated"]),
-        "rollouts_trained": int(m["cum_trained_rollouts"]),
-        "prompts_evicted": int(m["cum_prompts_evicted"]),
+        "rollouts_generated": int(m.get("cum_generated", 0)),
+        "rollouts_trained": int(m.get("cum_trained_rollouts", 0)),
+        "prompts_evicted": int(m.get("cum_prompts_evicted", 0)),
         "curve": curve,
     }
 
 
+LABELS = {"pc_history": ("pilot_commit", {"preset": "history_aware"})}
+"""Names ``--strategies`` also takes: (strategy, allocation.history settings). ``pc_history`` is
+history-aware Pilot-Commit with the config's history parameters (docs/history_aware.md)."""
+
+
 def _with_strategy(cfg: Config, strategy: str) -> AllocationConfig:
     data = to_dict(cfg.allocation)
+    strategy, history = LABELS.get(strategy, (strategy, {}))
     data["strategy"] = strategy
+    data["history"] = {**data["history"], **history}
     return from_dict(AllocationConfig, data, "allocation")
 
 
