@@ -1,4 +1,5 @@
-"""`megatron-pc bench rollouts`, reduced: one regime, one seed, the three strategies, 3 steps,
+"""`megatron-pc bench rollouts`, reduced: one regime, one seed, the three strategies and
+history-aware Pilot-Commit (pc_history), 3 steps,
 end to end through `megatron-pc train`; then the report, the summary and the plots; then a
 second call that finds every run finished."""
 
@@ -10,6 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from megatron_pc.allocation.check import check_trace
+from megatron_pc.config import load_config
 
 pytestmark = pytest.mark.integration
 
@@ -46,11 +50,18 @@ def test_reduced_benchmark_writes_report_summary_and_plots_and_resumes(tiny_mode
     proc = _bench(out, tiny_model_dir)
     assert proc.returncode == 0, proc.stderr[-6000:]
     progress = [line for line in proc.stderr.splitlines() if line.startswith("bench rollouts [")]
-    assert len(progress) == 3 and all("paper_like" in p and "3/3 steps" in p and "(trained)" in p for p in progress)
+    assert len(progress) == 4 and all("paper_like" in p and "3/3 steps" in p and "(trained)" in p for p in progress)
 
     summary = json.loads((out / "summary.json").read_text())
     regime = summary["regimes"]["paper_like"]
-    assert list(regime["strategies"]) == ["pilot_commit", "grpo", "dapo"]
+    assert list(regime["strategies"]) == ["pilot_commit", "grpo", "dapo", "pc_history"]
+    # pc_history ran through the real trainer with the preset on: its trace carries the
+    # posterior's predictions and holds every invariant of the history-aware options.
+    history_dir = out / "paper_like" / "pc_history" / "seed_0"
+    events = [json.loads(line) for line in (history_dir / "trace.jsonl").read_text().splitlines()]
+    assert all("p_keep" in e and "evict_prob" in e for e in events if e["event"] == "pilot") and any(e["event"] == "pilot" for e in events)
+    cfg = load_config(str(history_dir / "config.yaml"))
+    assert cfg.allocation.history.preset == "history_aware" and check_trace(events, cfg.allocation) == []
     for name, figures in regime["strategies"].items():
         rows = [json.loads(line) for line in (out / "paper_like" / name / "seed_0" / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [0, 1, 2, 3]
@@ -66,8 +77,10 @@ def test_reduced_benchmark_writes_report_summary_and_plots_and_resumes(tiny_mode
     if regime["targets"]:
         assert "| target | pilot_commit | grpo | dapo | grpo/PC | dapo/PC |" in report
         for target in regime["targets"]:
-            assert set(target["strategies"]) == {"pilot_commit", "grpo", "dapo"}
+            assert set(target["strategies"]) == {"pilot_commit", "grpo", "dapo", "pc_history"}
             assert set(target["strategies"]["grpo"]["vs_pilot_commit"]) == {"rollouts", "seconds"}
+            assert set(target["strategies"]["grpo"]["vs_pc_history"]) == {"rollouts", "seconds"}
+        assert "| target | pilot_commit/pc_history | grpo/pc_history | dapo/pc_history |" in report
     else:
         assert "No strategy improved on the start accuracy: no targets." in report
     calibration = summary["calibration"]["paper_like"]
@@ -85,7 +98,7 @@ def test_reduced_benchmark_writes_report_summary_and_plots_and_resumes(tiny_mode
 
     again = _bench(out, tiny_model_dir)
     assert again.returncode == 0, again.stderr[-6000:]
-    assert sum("already finished" in line for line in again.stderr.splitlines()) == 3
+    assert sum("already finished" in line for line in again.stderr.splitlines()) == 4
     assert "training into" not in again.stderr
     assert json.loads((out / "summary.json").read_text())["regimes"]["paper_like"]["strategies"] == regime["strategies"]
 
@@ -94,6 +107,8 @@ def test_unknown_regime_and_bad_sizes_are_refused_before_any_run(tmp_path: Path)
     base = [sys.executable, "-m", "megatron_pc", "bench", "rollouts", "--out", str(tmp_path / "b")]
     proc = subprocess.run([*base, "--regimes", "mixed,trivial"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--regimes: unknown regime 'trivial'; known: mixed, paper_like, hard, default" in proc.stderr
+    proc = subprocess.run([*base, "--variants", "pc_magic"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--variants: unknown ['pc_magic']; choose from pc_history, or none" in proc.stderr
     proc = subprocess.run([*base, "--seeds", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--seeds: must be >= 1, got 0" in proc.stderr
     assert not (tmp_path / "b").exists()

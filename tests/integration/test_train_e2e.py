@@ -131,6 +131,7 @@ def test_resuming_with_a_different_strategy_is_refused(tiny_model: Path, pc_run:
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3]  # nothing lost
 
 
+@pytest.mark.long  # ~100 s in CI; `bench faults` (its CI quick suite and the long full one) kills policy ranks too
 def test_a_policy_rank_killed_mid_run_stops_the_run_naming_it_and_a_restart_resumes_exactly(tiny_model: Path, pc_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "rank_killed"
     steps = ["training.steps=3", "training.save_every=1", "allocation.on_round_limit=train_partial"]

@@ -60,8 +60,52 @@ def test_simulate_refuses_an_invalid_config_before_any_work(capsys) -> None:
 def test_bench_controller_prints_milliseconds_per_reference_round(capsys) -> None:
     assert main(["bench", "controller", "--rounds", "3", "--pool-size", "20000"]) == 0
     out = capsys.readouterr().out
-    assert "pilot 12,288 + commit 12,288 rollouts" in out
+    assert "pilot 12,288 + commit 12,288 + direct 0 rollouts" in out
     assert re.search(r"median \d+\.\d ms", out)
+
+
+def test_bench_controller_times_history_aware_rounds(capsys) -> None:
+    assert main(["bench", "controller", "--rounds", "3", "--pool-size", "20000", "--history"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("controller round (history-aware)") and re.search(r"median \d+\.\d ms", out)
+
+
+def test_simulate_runs_history_aware_pilot_commit_and_its_trace_holds(tmp_path, capsys) -> None:
+    path = tmp_path / "trace.jsonl"
+    assert main(["simulate", "--json", "--seeds", "1", "--pool-size", "600", "--max-steps", "40", "--strategies", "pilot_commit,pc_history",
+                 "--target-accuracy", "0.99", "--trace", str(path)]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["summary"]) == {"pilot_commit", "pc_history"}
+    events = [e for e in read_trace(path) if e["strategy"] == "pc_history"]
+    cfg = load_config(None, ["allocation.history.preset=history_aware"]).allocation
+    assert check_trace(events, cfg) == []
+    assert any(e["event"] in ("screen", "direct") for e in events)  # the options acted
+
+
+def test_a_simulated_run_whose_pool_is_all_evicted_ends_there(capsys) -> None:
+    # Easy prompts and p_evict = 0.5: Pilot-Commit evicts the whole small pool within a few steps.
+    assert main(["simulate", "--json", "--seeds", "1", "--pool-size", "300", "--max-steps", "200", "--difficulty-mean", "-4",
+                 "--difficulty-std", "0.5", "--strategies", "pilot_commit", "--target-accuracy", "0.999", "allocation.p_evict=0.5"]) == 0  # fmt: skip
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert run["stopped"] and "evicted" in run["stopped"]
+    assert run["steps"] < 200 and not run["reached"]
+
+
+def test_bench_sweep_writes_its_table_and_verdicts(tmp_path, capsys) -> None:
+    assert main(["bench", "sweep", "--means", "1", "--stds", "1,3", "--pools", "800", "--seeds", "2", "--steps", "30", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "settings passed every target (2 seeds, 30 steps" in out
+    data = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(s["difficulty_std"], s["pool"]) for s in data["settings"]] == [(1.0, 800), (3.0, 800)]
+    for setting in data["settings"]:
+        assert 0.0 <= setting["grpo_zero_variance_share"] <= 1.0
+        assert len(setting["targets"]) == 3
+        for t in setting["targets"]:
+            assert set(t["medians"]) == {"pilot_commit", "grpo", "dapo", "pc_history"}
+            mine, best = t["medians"]["pc_history"], t["best_rival"]
+            # The verdict is the stated rule, recomputed here.
+            assert t["passed"] == (mine is not None and (best is None or mine <= t["ranges"][best][1]))
+    assert (tmp_path / "sweep.md").read_text().count("\n| 1 |") == 6
 
 
 def _rates() -> list[float]:
