@@ -131,11 +131,25 @@ def write_validation_set(regime: Regime, size: int, path: Path) -> None:
 
 
 def finished_steps(run_dir: Path) -> int:
-    """Steps of the run that are done and checkpointed (0 when nothing is)."""
+    """Steps of the run that are done and checkpointed (0 when nothing is).
+
+    A run kept without its checkpoints (the metrics and config of a finished run, e.g. results
+    committed to share them: scripts/bench_results.sh) counts the steps its metrics hold.
+    """
     from megatron_pc.driver.checkpoints import CheckpointManager
 
-    latest = CheckpointManager(run_dir).latest() if (run_dir / "checkpoints").is_dir() else None
-    return latest[0] if latest else 0
+    if (run_dir / "checkpoints").is_dir():
+        latest = CheckpointManager(run_dir).latest()
+        return latest[0] if latest else 0
+    return metrics_steps(run_dir)
+
+
+def metrics_steps(run_dir: Path) -> int:
+    """The last training step in the run's metrics.jsonl (0 without one)."""
+    from megatron_pc.metrics.logger import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    return max((int(r.get("step", 0)) for r in read_metrics(path)), default=0) if path.is_file() else 0
 
 
 def check_same_config(config: str, job: Job, overrides: list[str]) -> None:
@@ -172,6 +186,9 @@ def run_job(config: str, job: Job, steps: int, progress: Progress) -> dict[str, 
     started from (None: it was finished)."""
     before = finished_steps(job.run_dir)
     overrides = [*job.overrides, f"seed={job.seed}"]
+    if before < steps and not (job.run_dir / "checkpoints").is_dir() and metrics_steps(job.run_dir):
+        raise MegatronPCError(f"{job.run_dir} holds {metrics_steps(job.run_dir)} steps of metrics but no checkpoints to continue from "
+                              f"(--steps {steps}); remove the directory to train it again, or ask for at most that many steps")  # fmt: skip
     if before >= steps:
         check_same_config(config, job, overrides)
         progress.line(job, before, steps, 0.0, "already finished")

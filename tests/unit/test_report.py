@@ -250,3 +250,49 @@ def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path: Path)
     check_same_config("configs/tiny_cpu.yaml", job, ["training.lr=1e-4", "training.steps=20"])  # steps may differ
     with pytest.raises(MegatronPCError, match=r"holds a finished run with another configuration \(training.lr: 0.0001 -> 0.0002\)"):
         check_same_config("configs/tiny_cpu.yaml", job, ["training.lr=2e-4"])
+
+
+def _kept_run(tmp_path: Path, steps: int) -> tuple[Path, object]:
+    """A finished benchmark run kept without checkpoints: config.yaml and metrics.jsonl only."""
+    from megatron_pc.bench.rollouts import Job
+    from megatron_pc.config import load_config, to_dict
+
+    run_dir = tmp_path / "bench" / "paper_like" / "grpo" / "seed_0"
+    run_dir.mkdir(parents=True)
+    saved = load_config("configs/tiny_cpu.yaml", ["allocation.strategy=grpo", "seed=0", f"training.steps={steps}", f"run_dir={run_dir}"])
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(saved)))
+    rows = [{"step": s, "cum_generated": 512 * s, "val_accuracy": 0.3 + 0.01 * s} for s in range(steps + 1)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir.parent / "seed_0.wall.json").write_text(json.dumps({"wall_seconds": 100.0, "from_step": 0}) + "\n")
+    return run_dir, Job(REGIMES["paper_like"], "grpo", "grpo", 0, (), run_dir)
+
+
+def test_a_finished_run_kept_without_checkpoints_is_reused_and_a_short_one_is_refused(tmp_path: Path, capsys) -> None:
+    from megatron_pc.bench.rollouts import Progress, finished_steps, run_job
+
+    run_dir, job = _kept_run(tmp_path, 6)
+    assert finished_steps(run_dir) == 6
+    assert run_job("configs/tiny_cpu.yaml", job, 6, Progress(1)) is None  # finished: nothing trains
+    assert "6/6 steps, 0 s (already finished)" in capsys.readouterr().err
+    with pytest.raises(MegatronPCError, match=r"holds 6 steps of metrics but no checkpoints to continue from \(--steps 9\)"):
+        run_job("configs/tiny_cpu.yaml", job, 9, Progress(1))
+
+
+def test_bench_results_script_keeps_finished_runs_small_and_puts_them_back(tmp_path: Path) -> None:
+    import subprocess
+
+    run_dir, _ = _kept_run(tmp_path, 3)
+    (run_dir / "checkpoints" / "step_3").mkdir(parents=True)
+    (run_dir / "trace.jsonl").write_text("{}\n")
+    (run_dir.parents[1] / "validation.jsonl").write_text('{"id": "v0"}\n')
+    bench, results = tmp_path / "bench", tmp_path / "results"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_results.sh"
+    subprocess.run(["bash", str(script), "save", str(bench), str(results)], check=True, capture_output=True)
+    kept = sorted(p.relative_to(results).as_posix() for p in results.rglob("*") if p.is_file())
+    assert kept == ["paper_like/grpo/seed_0.wall.json", "paper_like/grpo/seed_0/config.yaml", "paper_like/grpo/seed_0/metrics.jsonl",
+                    "paper_like/validation.jsonl"]  # fmt: skip
+    fresh = tmp_path / "fresh"
+    subprocess.run(["bash", str(script), "restore", str(fresh), str(results)], check=True, capture_output=True)
+    assert (fresh / "paper_like" / "grpo" / "seed_0" / "metrics.jsonl").read_text() == (run_dir / "metrics.jsonl").read_text()
+    proc = subprocess.run(["bash", str(script), "save", str(tmp_path / "nowhere"), str(results)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
