@@ -59,6 +59,9 @@ class Config:
         self.allocation.check_generation_ranks(self.rollout.engines, field_prefix="allocation")
         self.reward.check_max_tokens(self.rollout.max_tokens, field_prefix="reward")
         self.rollout.check_placement(self.cluster.placement, field_prefix="rollout")
+        if self.training.pipelined and self.cluster.placement != "split":
+            raise ConfigError("training.pipelined", "needs cluster.placement=split: colocated engines sleep while the policy trains, "
+                              "so generation cannot overlap training")  # fmt: skip
 
     @property
     def resolved_run_dir(self) -> Path:

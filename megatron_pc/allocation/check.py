@@ -47,6 +47,11 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
             problems += _check_direct(e, cfg)
             if e["evict"]:
                 evicted.add(e["prompt"])
+        elif kind == "generate":  # the driver's record of the policy version behind a round
+            lag = step - 1 - e["policy_version"]
+            if not 0 <= lag <= 1:
+                problems.append(f"step {step}: round {e['round']} generated with policy version {e['policy_version']}, {lag} steps "
+                                "behind the policy it trains (at most 1: pipelined mode)")  # fmt: skip
         elif kind == "screen":
             problems += _check_screen(e, cfg)
         elif kind == "train_group":

@@ -149,6 +149,9 @@ class AllocationConfig:
     """Generation rounds allowed to fill one train batch."""
     on_round_limit: Literal["error", "train_partial"] = "error"
     """When max_rounds pass with the batch short: stop with an error, or train on what is there."""
+    binding: bool = True
+    """Generate a round's pilots and commits in one engine call (the paper's binding). False: two
+    calls, new prompts first, then commits (to measure what binding saves)."""
 
     def __post_init__(self) -> None:
         _positive("train_batch", self.train_batch)

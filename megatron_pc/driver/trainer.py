@@ -8,6 +8,13 @@
     old log-probs -> (reference) -> advantages -> policy update -> weight sync -> metrics
 
 The strategy decides what to generate; the workers never decide; this file only moves data.
+
+Pipelined (``training.pipelined``, split placement): while the policy trains step t, a thread
+runs step t+1's rounds on the engines, which still hold the weights of step t-1; the weights
+are pushed when both are done. Every rollout is then one step off-policy: the trace records
+the policy version behind each round (``generate`` events) and the metrics the lag and the
+age of the rollouts trained on (Pilot-Commit's kept pilots are older by their buffer wait).
+A checkpoint holds the prefetched step, so a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ import logging
 import math
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
@@ -61,6 +70,71 @@ class Timer:
             yield
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+
+@dataclass
+class Generated:
+    """One step's generation: its train batch and what it cost (measured when it ran: during the
+    step before, when pipelined)."""
+
+    result: StepResult
+    tokens: int
+    responses: dict[str, float]
+    seconds: dict[str, float]
+    """Seconds of its phases (generate, reward)."""
+    lag: int
+    """Steps between the weights that generated it and the policy it trains: 0, or 1 pipelined."""
+    calls: int
+    """Engine calls made (one per round with binding, two for a round of new prompts and commits without)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (rollout payloads included), for a pipelined checkpoint."""
+        r = self.result
+        return {"step": r.step, "groups": [g.to_json() for g in r.groups], "metrics": r.metrics, "partial": r.partial,
+                "tokens": self.tokens, "responses": self.responses, "seconds": self.seconds, "lag": self.lag, "calls": self.calls}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "Generated":
+        """Inverse of :meth:`to_json`."""
+        result = StepResult(obj["step"], [TrainGroup.from_json(g) for g in obj["groups"]], obj["metrics"], obj["partial"])
+        return cls(result, obj["tokens"], obj["responses"], obj["seconds"], obj["lag"], obj["calls"])
+
+
+@dataclass
+class Versions:
+    """Which policy version (the step whose update made the weights; 0: the start model) the
+    engines hold, and which one generated each recent step's rollouts."""
+
+    engines: int = 0
+    by_step: dict[int, int] = field(default_factory=dict)
+
+    def generated(self, step: int) -> None:
+        """Step ``step``'s rounds run now, on the engines' weights."""
+        self.by_step[step] = self.engines
+
+    def ages(self, result: StepResult) -> list[int]:
+        """Age in steps of every rollout trained at ``result.step``: the policy that takes the
+        update (step - 1) minus the version that generated it."""
+        now = result.step - 1
+        out = []
+        for g in result.groups:
+            pilot = self.by_step.get(g.pilot_step, 0) if g.pilot_step is not None else None
+            mine = self.by_step.get(result.step, now)
+            out += [now - (pilot if pilot is not None and i < g.n_pilot else mine) for i in range(g.size)]
+        return out
+
+    def forget_before(self, step: int) -> None:
+        """Drop the versions of steps no buffered pilot can come from any more."""
+        self.by_step = {s: v for s, v in self.by_step.items() if s >= step}
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"engines": self.engines, "by_step": {str(s): v for s, v in self.by_step.items()}}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "Versions":
+        """Inverse of :meth:`to_json`."""
+        return cls(obj["engines"], {int(s): v for s, v in obj["by_step"].items()})
 
 
 class Workers(Protocol):
@@ -157,10 +231,17 @@ class Trainer:
         self.faults = Injector.from_env()  # MEGATRON_PC_INJECT_FAULTS: the fault suite's signals
         latest = self.checkpoints.latest()
         self.resume_step, self.resume_path = latest if latest else (0, None)
-        trace = TraceWriter(self.run_dir / "trace.jsonl", keep_through_step=self.resume_step if latest else None) if cfg.logging.trace else None
+        # A pipelined checkpoint also holds the next step, generated (and traced) before it was saved.
+        traced = self.resume_step + (1 if latest and (self.checkpoints.load_controller(latest[1]).get("pipeline") or {}).get("pending") else 0)
+        trace = TraceWriter(self.run_dir / "trace.jsonl", keep_through_step=traced if latest else None) if cfg.logging.trace else None
         self.strategy = build_strategy(cfg.allocation, len(data.train), cfg.seed, cfg.rollout.engines, trace)
         self.tokens_total = 0
         self.engines: RestartingEngines | None = None  # the workers' engines, restarted when they die
+        self.versions = Versions()
+        self.pending: Generated | None = None  # pipelined: the next step, generated during this one
+        if cfg.training.pipelined and cfg.training.tis_cap is None:
+            logger.warning("training.pipelined: every rollout is one step off-policy and training.tis_cap is off, so nothing "
+                           "corrects it; set training.tis_cap (e.g. 2.0) to weight tokens by min(pi_old / pi_engine, cap)", extra=CONSOLE)  # fmt: skip
         # Refuse a transport the devices cannot serve before any worker starts.
         self.transport = cfg.rollout.resolve_transport(use_gpu=_has_gpu(), colocated=cfg.cluster.placement == "colocated")
 
@@ -177,6 +258,7 @@ class Trainer:
         # ray.init installs its own SIGTERM handler; ours must come after it.
         install_signal_handlers(self)
         last: dict[str, float] = {}
+        self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate-ahead")  # pipelined mode's generation
         try:
             workers.start()
             policy = workers.policy
@@ -199,6 +281,7 @@ class Trainer:
                     metrics.close()
                 self._report_memory(workers)
         finally:
+            self._ahead.shutdown(wait=True)
             workers.close()
         return last
 
@@ -217,6 +300,13 @@ class Trainer:
             state = self.checkpoints.load_controller(self.resume_path)
             self.strategy.load_state_dict(state["strategy"])
             self.tokens_total = state["tokens_total"]
+            pipeline = state.get("pipeline") or {}
+            self.versions = Versions.from_json(pipeline["versions"]) if "versions" in pipeline else Versions(self.resume_step)
+            self.versions.engines = self.resume_step
+            self.pending = Generated.from_json(pipeline["pending"]) if pipeline.get("pending") else None
+            if self.pending is not None and not self.cfg.training.pipelined:
+                raise MegatronPCError(f"{self.resume_path} was saved by a pipelined run (training.pipelined=true) with the next "
+                                      "step already generated; resume it with training.pipelined=true")  # fmt: skip
             self._engines.call("weight sync", workers.sync_weights)
         else:
             workers.policy.call("load_hf", str(self.data.model_path))
@@ -224,39 +314,87 @@ class Trainer:
             workers.reference.call("load_hf", str(self.data.model_path))
 
     def _step(self, step: int, workers: Workers, rewards: RewardPool, evaluator: Evaluator) -> dict[str, float]:
+        cfg = self.cfg
         timer = Timer(on_enter=lambda phase: self.faults.enter(phase, step))
         restarts = self._engines.restarts
         graded = dict(rewards.counters)
+        pipelined = cfg.training.pipelined
         with timer("total"):
-            tokens, responses = self._generate(self._engines, rewards, timer)
-            result = self.strategy.finish_step()
-            train = self._update(result, workers, timer)
-            gap = self._check_sync(result, workers.policy, self._engines, timer)
+            gen, self.pending = self.pending, None
+            if gen is None:  # not pipelined, or its first step (or a resume without a prefetched step)
+                gen = self._generate_step(step, rewards, timer, lag=0)
+            ahead: Future[Generated] | None = None
+            if pipelined and step < cfg.training.steps:
+                # Step + 1's rounds on the engines, which keep the weights of step - 1 until the push.
+                nxt = Timer(on_enter=lambda phase: self.faults.enter(phase, step + 1))
+                ahead = self._ahead.submit(self._generate_step, step + 1, rewards, nxt, 1)
+            try:
+                train = self._update(gen.result, workers, timer, sync=not pipelined)
+            except BaseException:
+                if ahead is not None:
+                    wait([ahead])  # let the generation thread end before the error unwinds the run
+                raise
+            if ahead is not None:
+                with timer("pipeline_wait"):  # the part of the next step's generation the update did not hide
+                    self.pending = ahead.result()
+            if pipelined and gen.result.groups:
+                with timer("sync"):
+                    train.update(self._engines.call("weight sync", workers.sync_weights))
+            if gen.result.groups:
+                self.versions.engines = step
+            gap = self._check_sync(gen.result, workers.policy, self._engines, timer)
             val = {}
-            if step % self.cfg.training.validate_every == 0 or step == self.cfg.training.steps:
+            if step % cfg.training.validate_every == 0 or step == cfg.training.steps:
                 with timer("validation"):
                     val = evaluator.run(step)
-        self.tokens_total += tokens
-        gen_s = timer.seconds.get("generate", 0.0)
+        self.tokens_total += gen.tokens
+        seconds = {**timer.seconds, **gen.seconds}  # generate / reward: when they ran, overlapped or not
+        ages = self.versions.ages(gen.result)
+        self.versions.forget_before(step - self.cfg.allocation.max_commit_age - 1)
+        gen_s = gen.seconds.get("generate", 0.0)
         return {
-            **result.metrics, **train, **responses, **val, "logprob_gap": gap,
-            **{f"time_{k}": v for k, v in timer.seconds.items()},
-            "generated_tokens": tokens, "cum_generated_tokens": self.tokens_total,
-            "gen_tokens_per_s": tokens / gen_s if gen_s else 0.0,
+            **gen.result.metrics, **train, **gen.responses, **val, "logprob_gap": gap,
+            **{f"time_{k}": v for k, v in seconds.items()},
+            "generated_tokens": gen.tokens, "cum_generated_tokens": self.tokens_total,
+            "gen_tokens_per_s": gen.tokens / gen_s if gen_s else 0.0,
+            "generate_calls": gen.calls, "policy_lag": gen.lag,
+            "rollout_age_mean": sum(ages) / len(ages) if ages else 0.0, "rollout_age_max": max(ages, default=0),
             "engine_restarts": self._engines.restarts - restarts,
             **reward_faults(graded, rewards.counters),
-        }
+        }  # fmt: skip
 
-    def _generate(self, engines: Any, rewards: RewardPool, timer: Timer) -> tuple[int, dict[str, float]]:
-        """Rounds until the train batch is full; generated tokens and response-length metrics."""
-        tokens = 0
+    def _generate_step(self, step: int, rewards: RewardPool, timer: Timer, lag: int) -> Generated:
+        """Step ``step``'s rounds until its train batch is full, then the batch (``lag``: steps the
+        engines' weights are behind the policy that will train it)."""
+        self.versions.generated(step)
+        tokens, responses, calls = self._generate(self._engines, rewards, timer)
+        result = self.strategy.finish_step()
+        if result.step != step:
+            raise RuntimeError(f"generated step {result.step} where step {step} was due")
+        return Generated(result, tokens, responses, {k: timer.seconds[k] for k in ("generate", "reward") if k in timer.seconds}, lag, calls)
+
+    def _generate(self, engines: Any, rewards: RewardPool, timer: Timer) -> tuple[int, dict[str, float], int]:
+        """Rounds until the train batch is full; generated tokens, response-length metrics, engine calls."""
+        tokens = calls = 0
         lengths: list[int] = []
         finishes: list[str] = []
         while not self.strategy.batch_ready():
             plan = self.strategy.plan_round()
-            sampling = SamplingSettings.from_config(self.cfg.rollout, seed=derive_seed(self.cfg.seed, "round", plan.step, plan.round))
-            with timer("generate"):
-                out = engines.generate(plan_to_requests(plan, self.data.train_tokens), sampling)
+            self.strategy.trace.emit({"event": "generate", "step": plan.step, "round": plan.round, "rollouts": plan.total_rollouts,
+                                      "policy_version": self.versions.by_step.get(plan.step, self.versions.engines)})  # fmt: skip
+            requests = plan_to_requests(plan, self.data.train_tokens)
+            parts = [list(range(len(requests)))]
+            if not self.cfg.allocation.binding:  # new prompts, then commits: two calls
+                new = [i for i, r in enumerate(plan.requests) if r.kind != "commit"]
+                commits = [i for i, r in enumerate(plan.requests) if r.kind == "commit"]
+                parts = [p for p in (new, commits) if p]
+            outs = []
+            for k, part in enumerate(parts):
+                seed = derive_seed(self.cfg.seed, "round", plan.step, plan.round, *(["call", k] if k else []))
+                with timer("generate"):
+                    outs.append(engines.generate([requests[i] for i in part], SamplingSettings.from_config(self.cfg.rollout, seed=seed)))
+            calls += len(parts)
+            out = outs[0] if len(outs) == 1 else merge_results(outs, parts, len(requests))
             with timer("reward"):
                 answers = [self.data.train[r.prompt].answer for r in plan.requests for _ in range(r.n)]
                 scored = decode_and_score(self.data.tokenizer, out, answers, rewards)
@@ -265,18 +403,22 @@ class Trainer:
             for sample in (s for per_request in out.samples for s in per_request):
                 lengths.append(len(sample.token_ids))
                 finishes.append(sample.finish_reason)
-        return tokens, response_metrics(lengths, finishes)
+        return tokens, response_metrics(lengths, finishes), calls
 
-    def _update(self, result: StepResult, workers: Workers, timer: Timer) -> dict[str, float]:
-        """The policy update (old log-probs once, then one optimizer update per mini-batch), then sync."""
+    def _update(self, result: StepResult, workers: Workers, timer: Timer, sync: bool = True) -> dict[str, float]:
+        """The policy update (old log-probs once, then one optimizer update per mini-batch), then
+        (unless pipelined, where it waits for the next step's generation) the weight sync."""
         if not result.groups:
             logger.warning("step %d: empty train batch (train_partial): no update", result.step)
             return {}
-        self._engines.sleep()  # colocated engines free the device while the policy trains
+        if not self.cfg.training.pipelined:
+            self._engines.sleep()  # colocated engines free the device while the policy trains
         out = update_policy(result.groups, self.data.train_tokens, self.cfg, workers.policy, workers.reference, timer)
-        self._engines.wake()
-        with timer("sync"):
-            out.update(self._engines.call("weight sync", workers.sync_weights))
+        if not self.cfg.training.pipelined:
+            self._engines.wake()
+        if sync:
+            with timer("sync"):
+                out.update(self._engines.call("weight sync", workers.sync_weights))
         return out
 
     def _check_sync(self, result: StepResult, policy: PolicyGroup, engines: Any, timer: Timer) -> float:
@@ -307,13 +449,26 @@ class Trainer:
         return self.engines
 
     def _save(self, step: int, policy: PolicyGroup) -> None:
-        controller = {"step": step, "strategy": self.strategy.state_dict(), "tokens_total": self.tokens_total, "config": to_dict(self.cfg)}
+        pipeline = {"versions": self.versions.to_json(), "pending": self.pending.to_json() if self.pending is not None else None}
+        controller = {"step": step, "strategy": self.strategy.state_dict(), "tokens_total": self.tokens_total, "config": to_dict(self.cfg),
+                      "pipeline": pipeline}  # fmt: skip
 
         def write_policy(path: Path) -> None:
             policy.call("save", str(path))
             self.faults.enter("checkpoint", step)  # the policy written, the manifest not yet
 
         self.checkpoints.save(step, controller, write_policy)
+
+
+def merge_results(outs: list[Any], parts: list[list[int]], n: int) -> Any:
+    """Engine results of calls that each served ``parts[k]`` of ``n`` requests, as one result in request order."""
+    from megatron_pc.rollout.base import GenerationResult
+
+    samples: list[Any] = [None] * n
+    for out, part in zip(outs, parts):
+        for i, got in zip(part, out.samples):
+            samples[i] = got
+    return GenerationResult(samples, sum(o.prompt_tokens for o in outs), sum(o.generated_tokens for o in outs), sum(o.seconds for o in outs))
 
 
 def reward_faults(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

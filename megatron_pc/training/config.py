@@ -68,6 +68,10 @@ class TrainingConfig:
     Hashing reads each checkpoint back once when it is saved and once when it is resumed from
     (on threads: disk bandwidth bounds it). False records sizes only, for checkpoints too large
     to read back within the save interval."""
+    pipelined: bool = False
+    """Split placement only: the engines generate step t+1 (with the weights of step t-1) while
+    the policy trains step t; the weights are pushed when both are done. Every rollout is then
+    one step off-policy (recorded; ``tis_cap`` corrects it)."""
     val_samples: int = 4
     """Sampled responses per validation prompt (at the rollout temperature, fixed seed); the
     validation accuracy is their mean. A greedy accuracy is reported beside it."""
