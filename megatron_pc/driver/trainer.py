@@ -375,7 +375,8 @@ class Trainer:
 
     def _generate(self, engines: Any, rewards: RewardPool, timer: Timer) -> tuple[int, dict[str, float], int]:
         """Rounds until the train batch is full; generated tokens, response-length metrics, engine calls."""
-        tokens = calls = 0
+        tokens = calls = prompt_tokens = 0
+        pairs = 0.0  # (query, key) pairs attention scored, for the FLOP count
         lengths: list[int] = []
         finishes: list[str] = []
         while not self.strategy.batch_ready():
@@ -400,10 +401,16 @@ class Trainer:
                 scored = decode_and_score(self.data.tokenizer, out, answers, rewards)
             self.strategy.observe(plan, to_rollouts(out, scored))
             tokens += out.generated_tokens
-            for sample in (s for per_request in out.samples for s in per_request):
-                lengths.append(len(sample.token_ids))
-                finishes.append(sample.finish_reason)
-        return tokens, response_metrics(lengths, finishes), calls
+            prompt_tokens += out.prompt_tokens
+            for request, per_request in zip(requests, out.samples):
+                p = len(request.prompt_token_ids)
+                pairs += p * p / 2  # the prefill, once per request (its n samples share it)
+                for sample in per_request:
+                    r = len(sample.token_ids)
+                    pairs += p * r + r * r / 2
+                    lengths.append(r)
+                    finishes.append(sample.finish_reason)
+        return tokens, {**response_metrics(lengths, finishes), "gen_prompt_tokens": prompt_tokens, "gen_attention_pairs": pairs}, calls
 
     def _update(self, result: StepResult, workers: Workers, timer: Timer, sync: bool = True) -> dict[str, float]:
         """The policy update (old log-probs once, then one optimizer update per mini-batch), then

@@ -109,7 +109,10 @@ def update_policy(
         last = len(plan.denominators) - 1
         for k in range(last + 1):
             updates.append(policy.call("train_update", k, k == last))
-    return combine_updates(updates)
+    lengths = plan.lengths
+    # What the step's FLOPs are counted from (megatron_pc.metrics.mfu): its tokens, and the
+    # (query, key) pairs causal attention scores (T^2 / 2 for a sequence of T tokens).
+    return {**combine_updates(updates), "trained_tokens": float(lengths.sum()), "trained_attention_pairs": float((lengths**2).sum() / 2)}
 
 
 def combine_updates(updates: list[dict[str, float]]) -> dict[str, float]:

@@ -12,7 +12,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_train_e2e import FAST  # noqa: E402  (the fast overrides of the driver tests)
 
+from megatron_pc.allocation.check import check_trace
+from megatron_pc.allocation.trace import read_trace
 from megatron_pc.bench.step import rollouts_to_reach, summarise
+from megatron_pc.config import load_config
 from megatron_pc.metrics.logger import read_metrics
 
 pytestmark = pytest.mark.integration
@@ -28,13 +31,33 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 def test_bench_step_runs_each_strategy_and_reports_its_accounting(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = _bench("configs/tiny_cpu.yaml", *FAST, f"model.path={tiny_model_dir}", "allocation.on_round_limit=train_partial",
-                  "--strategies", "pilot_commit,grpo", "--steps", "2", "--out", str(out), "--json")  # fmt: skip
+                  "--strategies", "pilot_commit,grpo", "--steps", "3", "--out", str(out), "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout)
-    assert set(result["strategies"]) == {"pilot_commit", "grpo"}
+    comparisons = {"pilot_commit_unbound", "pilot_commit_split", "pilot_commit_pipelined"}
+    assert set(result["strategies"]) == {"pilot_commit", "grpo"} | comparisons
+    # Binding off: more engine calls for the same rounds; the gain is the ratio of generation seconds.
+    unbound, bound = result["strategies"]["pilot_commit_unbound"], result["strategies"]["pilot_commit"]
+    assert unbound["generate_calls"] > bound["generate_calls"]
+    assert result["binding_gain"] == pytest.approx(unbound["phase_seconds"]["generate"] / bound["phase_seconds"]["generate"])
+    # Pipelined: a real split-placement run whose rollouts are one step off-policy, and its speedup.
+    piped = result["strategies"]["pilot_commit_pipelined"]
+    assert piped["policy_lag"] == 1 and result["strategies"]["pilot_commit_split"]["policy_lag"] == 0
+    assert result["pipelined_speedup"] == pytest.approx(result["strategies"]["pilot_commit_split"]["step_seconds"] / piped["step_seconds"])
+    pipelined_dir = out / "pilot_commit_pipelined"
+    rows = read_metrics(pipelined_dir / "metrics.jsonl")
+    assert [r["policy_lag"] for r in rows[1:]] == [0, 1, 1]
+    assert check_trace(read_trace(pipelined_dir / "trace.jsonl"), load_config(str(pipelined_dir / "config.yaml")).allocation) == []
+    # MFU of every phase of every run, a share of the measured peak.
+    assert result["peak"]["flops"] > 0 and set(result["mfu"]) == set(result["strategies"])
+    for name, mfu in result["mfu"].items():
+        assert {"generate", "logprob", "update"} <= set(mfu), name
+        assert all(0 < v < 1 for v in mfu.values()), (name, mfu)
+    for name in comparisons:
+        result["strategies"].pop(name)
     for name, f in result["strategies"].items():
         rows = read_metrics(out / name / "metrics.jsonl")
-        assert f["steps"] == 2 and rows[-1]["step"] == 2
+        assert f["steps"] == 3 and rows[-1]["step"] == 3
         assert f["rollouts"] == rows[-1]["cum_generated"] == sum(r["generated"] for r in rows if r["step"] > 0)
         assert f["trained_share"] == pytest.approx(rows[-1]["cum_trained_rollouts"] / rows[-1]["cum_generated"])
         assert [v["step"] for v in f["validation"]] == [r["step"] for r in rows if "val_accuracy" in r]
@@ -46,15 +69,17 @@ def test_bench_step_runs_each_strategy_and_reports_its_accounting(tiny_model_dir
     assert all(f["rollouts_to_target"] is not None for f in result["strategies"].values())
     # A second call finds the finished runs and reads them again instead of training anew.
     again = _bench("configs/tiny_cpu.yaml", *FAST, f"model.path={tiny_model_dir}", "allocation.on_round_limit=train_partial",
-                   "--strategies", "grpo", "--steps", "2", "--out", str(out), "--json")  # fmt: skip
+                   "--strategies", "grpo", "--steps", "3", "--comparisons", "none", "--out", str(out), "--json")  # fmt: skip
     assert again.returncode == 0, again.stderr[-4000:]
     assert json.loads(again.stdout)["strategies"]["grpo"]["rollouts"] == grpo["rollouts"]
 
 
-def test_unknown_strategy_is_refused_before_any_run() -> None:
+def test_unknown_strategy_or_comparison_is_refused_before_any_run() -> None:
     proc = _bench("--strategies", "pilot_commit,ppo")
     assert proc.returncode == 2
     assert "--strategies: unknown ['ppo']" in proc.stderr
+    proc = _bench("--comparisons", "binding,overlap")
+    assert proc.returncode == 2 and "--comparisons: unknown ['overlap']; choose from binding, pipelined, or none" in proc.stderr
 
 
 def _row(step: int, cum: int, acc: float | None = None) -> dict:
