@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("conversion.cli:main", "convert checkpoints: hf-to-megatron | megatron-to-hf"),
     "make-tiny-model": ("megatron_pc.models.tiny:main", "make the tiny CPU model (warm-up on arithmetic)"),
     "plan": ("megatron_pc.launch.plan:main", "check a layout fits the cluster and estimate memory per GPU"),
+    "project": ("megatron_pc.launch.project:main", "seconds per step of PC, GRPO and DAPO projected to a cluster (default 14B on 64 H200)"),
     "launch": ("megatron_pc.launch.nemo:main", "submit a job through nemo-run (slurm | local)"),
     "config": ("megatron_pc.config_cli:main", "print the resolved configuration of an experiment"),
     "report": ("megatron_pc.bench.report:main", "report and plots of validation accuracy against rollouts for any runs"),

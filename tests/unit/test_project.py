@@ -1,0 +1,69 @@
+"""`megatron-pc project`: the analytic seconds-per-step model of PC, GRPO and DAPO at scale."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron_pc.cli import main
+from megatron_pc.config import load_config
+from megatron_pc.launch.models_table import KNOWN_MODELS
+from megatron_pc.launch.project import Assumptions, project, rollouts_per_step
+
+CONFIG = "configs/qwen3_14b.yaml"
+
+
+def test_rollouts_per_step_follow_the_batch_shapes_and_the_measured_shares() -> None:
+    cfg = load_config(CONFIG)  # train_batch 128, n 64, pilot 16 x 384, dapo_batch 384
+    counts = rollouts_per_step(cfg, Assumptions(z=0.5, keep_rate=0.25))
+    assert counts["grpo"]["generated"] == 128 * 64
+    # DAPO: 128 / (1 - 0.5) = 256 prompts are fewer than one round of 384: one round.
+    assert counts["dapo"]["generated"] == 384 * 64 and counts["dapo"]["rounds"] == 1
+    # PC: 128 / 0.25 = 512 piloted prompts (1.33 rounds of 384) x 16, and 128 commits x 48.
+    assert counts["pilot_commit"]["generated"] == pytest.approx(512 * 16 + 128 * 48)
+    assert counts["pilot_commit"]["rounds"] == pytest.approx(512 / 384)
+    assert all(c["trained"] == 128 * 64 for c in counts.values())
+
+
+def test_binding_off_and_pipelining_change_the_step_the_way_they_should() -> None:
+    shape = KNOWN_MODELS["Qwen3-14B"]
+    base = project(load_config(CONFIG), shape, Assumptions())
+    unbound = project(load_config(CONFIG, ["allocation.binding=false"]), shape, Assumptions())
+    assert unbound["strategies"]["pilot_commit"]["generation_s"] > base["strategies"]["pilot_commit"]["generation_s"]
+    assert unbound["strategies"]["grpo"] == base["strategies"]["grpo"]  # binding is Pilot-Commit's alone
+    split = project(load_config(CONFIG, ["cluster.placement=split", "training.pipelined=true"]), shape, Assumptions())
+    s = split["strategies"]["grpo"]
+    assert s["step_s"] == pytest.approx(max(s["generation_s"], s["training_s"]) + s["sync_s"] + s["overhead_s"])
+    assert base["paper"] == {"grpo": 1.21, "dapo": 1.83}
+    assert base["step_ratio_vs_pilot_commit"]["grpo"] == pytest.approx(base["strategies"]["grpo"]["step_s"] / base["strategies"]["pilot_commit"]["step_s"])
+
+
+def test_project_prints_the_table_the_ratios_beside_the_paper_and_every_assumption(capsys) -> None:
+    assert main(["project"]) == 0
+    out = capsys.readouterr().out
+    assert "projection: configs/qwen3_14b.yaml (Qwen3-14B) on 8 x 8 H200" in out
+    assert "(paper: 1.21x)" in out and "(paper: 1.83x)" in out
+    for field in ("z: 0.568", "keep_rate: 0.31", "train_mfu: 0.35", "response_tokens: 2000.0", "overhead_s: 10.0"):
+        assert field in out
+
+
+def test_project_reads_measured_figures_and_names_bad_ones(tmp_path: Path, capsys) -> None:
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"calibration": {"paper_like": {"z": 0.7, "keep_rate": 0.2}}}))
+    assert main(["project", "--from-summary", str(summary), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["assumptions"]["z"] == 0.7 and result["assumptions"]["keep_rate"] == 0.2
+    assert main(["project", "--from-summary", str(summary), "--regime", "hard"]) == 2
+    assert "holds no calibration of regime 'hard'" in capsys.readouterr().err
+    cpu = tmp_path / "step.json"
+    cpu.write_text(json.dumps({"mfu": {"pilot_commit": {"update": 0.01}}, "peak": {"device": "CPU", "unit": "thread"}}))
+    assert main(["project", "--from-bench-step", str(cpu)]) == 2
+    assert "not a GPU" in capsys.readouterr().err
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"mfu": {"pilot_commit": {"update": 0.41}}, "peak": {"device": "NVIDIA H200", "unit": "gpu"}}))
+    assert main(["project", "--from-bench-step", str(gpu), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["assumptions"]["train_mfu"] == 0.41
+    assert main(["project", "--keep-rate", "0"]) == 2
+    assert "--keep-rate: must lie in (0, 1]" in capsys.readouterr().err
