@@ -157,14 +157,14 @@ def check_same_config(config: str, job: Job, overrides: list[str]) -> None:
     resumed `megatron-pc train` applies: only steps, validation/save intervals, logging may differ)."""
     import yaml
 
-    from megatron_pc.driver.prepare import RESUMABLE_CHANGES, _flatten
+    from megatron_pc.driver.prepare import _flatten, config_changes
     from megatron_pc.config import load_config, to_dict
 
     current = _flatten(to_dict(load_config(config, [*overrides, f"allocation.strategy={job.strategy}"])))
     saved = _flatten(yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {})
-    changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k) and not k.startswith(RESUMABLE_CHANGES))
+    changed = config_changes(saved, current)
     if changed:
-        details = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:5])
+        details = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:5])
         raise MegatronPCError(f"{job.run_dir} holds a finished run with another configuration ({details}); use another --out")
 
 

@@ -143,16 +143,26 @@ def record_config(cfg: Config, run_dir: Path) -> None:
     current = _flatten(to_dict(cfg))
     if path.exists() and (run_dir / "checkpoints").is_dir():
         saved = _flatten(yaml.safe_load(path.read_text()) or {})
-        changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k) and not k.startswith(RESUMABLE_CHANGES))
+        changed = config_changes(saved, current)
         if changed:
-            details = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed[:8])
+            details = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
             raise ConfigError(
-                changed[0],
+                changed[0][0],
                 f"{run_dir} holds a run with a different configuration ({details}); use another run_dir to start a new run",
             )
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     tmp.replace(path)
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(dotted key, saved value, current value) of every setting that differs between a run's
+    saved config and the current one, but for those a resume may change. A key the saved config
+    lacks (a setting added since, which the run ran without) counts as its default: only a value
+    other than the default is a change."""
+    defaults = _flatten(to_dict(Config()))
+    before = {k: saved[k] if k in saved else defaults.get(k) for k in set(saved) | set(current)}
+    return [(k, before[k], current.get(k)) for k in sorted(before) if before[k] != current.get(k) and not k.startswith(RESUMABLE_CHANGES)]
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

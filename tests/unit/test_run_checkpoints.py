@@ -167,3 +167,20 @@ def test_a_writer_that_hides_the_os_error_is_still_reported_by_what_the_disk_sho
         mgr.save(2, {"step": 2}, hidden)
     assert reason in str(err.value) and "step_00000001, is intact" in str(err.value)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000001"]
+
+
+def test_a_setting_added_since_a_run_was_saved_counts_as_its_default_on_resume(tmp_path) -> None:
+    import yaml
+
+    from megatron_pc.config import load_config, to_dict
+    from megatron_pc.driver.prepare import record_config
+    from megatron_pc.errors import ConfigError
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    old = to_dict(load_config(None, [f"run_dir={run}"]))
+    del old["allocation"]["binding"], old["training"]["pipelined"]  # a run saved before these existed
+    (run / "config.yaml").write_text(yaml.safe_dump(old))
+    record_config(load_config(None, [f"run_dir={run}"]), run)  # the defaults: the same run
+    with pytest.raises(ConfigError, match=r"allocation.binding: True -> False"):
+        record_config(load_config(None, [f"run_dir={run}", "allocation.binding=false"]), run)
