@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +31,8 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_bench_step_runs_each_strategy_and_reports_its_accounting(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    proc = _bench("configs/tiny_cpu.yaml", *FAST, f"model.path={tiny_model_dir}", "allocation.on_round_limit=train_partial",
-                  "--strategies", "pilot_commit,grpo", "--steps", "3", "--out", str(out), "--json")  # fmt: skip
+    common = ["configs/tiny_cpu.yaml", *FAST, f"model.path={tiny_model_dir}", "allocation.on_round_limit=train_partial", "training.save_every=2"]
+    proc = _bench(*common, "--strategies", "pilot_commit,grpo", "--steps", "3", "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout)
     comparisons = {"pilot_commit_unbound", "pilot_commit_split", "pilot_commit_pipelined"}
@@ -48,6 +49,18 @@ def test_bench_step_runs_each_strategy_and_reports_its_accounting(tiny_model_dir
     rows = read_metrics(pipelined_dir / "metrics.jsonl")
     assert [r["policy_lag"] for r in rows[1:]] == [0, 1, 1]
     assert check_trace(read_trace(pipelined_dir / "trace.jsonl"), load_config(str(pipelined_dir / "config.yaml")).allocation) == []
+    # Resumed from its step-2 checkpoint (step 3 already generated in it), the real pipelined run
+    # continues exactly: the same metrics and the same trace.
+    again = tmp_path / "pipelined_again"
+    shutil.copytree(pipelined_dir, again)
+    shutil.rmtree(again / "checkpoints" / "step_00000003")
+    train = [sys.executable, "-m", "megatron_pc", "train", *common, "allocation.strategy=pilot_commit", f"run_dir={again}", "logging.progress=false",
+             "cluster.placement=split", "training.pipelined=true", "training.steps=3"]  # fmt: skip
+    resumed = subprocess.run(train, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    keys = ("generated", "cum_generated", "reward_mean", "loss", "val_accuracy", "policy_lag", "rollout_age_mean")
+    assert [[r.get(k) for k in keys] for r in read_metrics(again / "metrics.jsonl")] == [[r.get(k) for k in keys] for r in rows]
+    assert read_trace(again / "trace.jsonl") == read_trace(pipelined_dir / "trace.jsonl")
     # MFU of every phase of every run, a share of the measured peak.
     assert result["peak"]["flops"] > 0 and set(result["mfu"]) == set(result["strategies"])
     for name, mfu in result["mfu"].items():
@@ -68,8 +81,7 @@ def test_bench_step_runs_each_strategy_and_reports_its_accounting(tiny_model_dir
     # The default target is reached by every strategy, by construction.
     assert all(f["rollouts_to_target"] is not None for f in result["strategies"].values())
     # A second call finds the finished runs and reads them again instead of training anew.
-    again = _bench("configs/tiny_cpu.yaml", *FAST, f"model.path={tiny_model_dir}", "allocation.on_round_limit=train_partial",
-                   "--strategies", "grpo", "--steps", "3", "--comparisons", "none", "--out", str(out), "--json")  # fmt: skip
+    again = _bench(*common, "--strategies", "grpo", "--steps", "3", "--comparisons", "none", "--out", str(out), "--json")
     assert again.returncode == 0, again.stderr[-4000:]
     assert json.loads(again.stdout)["strategies"]["grpo"]["rollouts"] == grpo["rollouts"]
 
