@@ -128,6 +128,13 @@ def training_seconds(shape: ModelShape, cfg: Any, a: Assumptions, trained: float
 
 def project(cfg: Any, shape: ModelShape, a: Assumptions) -> dict[str, Any]:
     """Seconds per step and their parts for every strategy, and the ratios to Pilot-Commit."""
+    gpus = a.nodes * a.gpus_per_node
+    world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
+    engine_gpus = cfg.rollout.engines * cfg.rollout.tensor_parallel
+    need = max(world, engine_gpus) if cfg.cluster.placement == "colocated" else world + engine_gpus
+    if need > gpus:
+        raise MegatronPCError(f"the layout needs {need} GPUs (policy TP x PP x DP = {world}, engines x TP = {engine_gpus}, "
+                              f"{cfg.cluster.placement} placement) but --nodes x --gpus-per-node gives {gpus}")  # fmt: skip
     counts = rollouts_per_step(cfg, a)
     sync = 2.0 * shape.total_params / (a.sync_gbps * 1e9)
     out: dict[str, Any] = {}

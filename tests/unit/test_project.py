@@ -33,7 +33,8 @@ def test_binding_off_and_pipelining_change_the_step_the_way_they_should() -> Non
     unbound = project(load_config(CONFIG, ["allocation.binding=false"]), shape, Assumptions())
     assert unbound["strategies"]["pilot_commit"]["generation_s"] > base["strategies"]["pilot_commit"]["generation_s"]
     assert unbound["strategies"]["grpo"] == base["strategies"]["grpo"]  # binding is Pilot-Commit's alone
-    split = project(load_config(CONFIG, ["cluster.placement=split", "training.pipelined=true"]), shape, Assumptions())
+    split = project(load_config(CONFIG, ["cluster.placement=split", "training.pipelined=true", "cluster.data_parallel=16", "rollout.engines=16"]),
+                    shape, Assumptions())
     s = split["strategies"]["grpo"]
     assert s["step_s"] == pytest.approx(max(s["generation_s"], s["training_s"]) + s["sync_s"] + s["overhead_s"])
     assert base["paper"] == {"grpo": 1.21, "dapo": 1.83}
@@ -67,3 +68,11 @@ def test_project_reads_measured_figures_and_names_bad_ones(tmp_path: Path, capsy
     assert json.loads(capsys.readouterr().out)["assumptions"]["train_mfu"] == 0.41
     assert main(["project", "--keep-rate", "0"]) == 2
     assert "--keep-rate: must lie in (0, 1]" in capsys.readouterr().err
+
+
+def test_a_layout_larger_than_the_cluster_is_refused_naming_both(capsys) -> None:
+    # The 14B config's policy (TP 2 x DP 32) and engines (32 x TP 2) each fill 64 GPUs: split, they need 128.
+    assert main(["project", "cluster.placement=split", "training.pipelined=true"]) == 2
+    err = capsys.readouterr().err
+    assert "needs 128 GPUs (policy TP x PP x DP = 64, engines x TP = 64, split placement)" in err and "gives 64" in err
+    assert main(["project", "cluster.placement=split", "training.pipelined=true", "cluster.data_parallel=16", "rollout.engines=16"]) == 0
