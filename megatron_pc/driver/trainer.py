@@ -340,8 +340,8 @@ class Trainer:
             if pipelined and gen.result.groups:
                 with timer("sync"):
                     train.update(self._engines.call("weight sync", workers.sync_weights))
-            if gen.result.groups:
-                self.versions.engines = step
+            # The engines now hold the weights of the end of this step (an empty batch changed none).
+            self.versions.engines = step
             gap = self._check_sync(gen.result, workers.policy, self._engines, timer)
             val = {}
             if step % cfg.training.validate_every == 0 or step == cfg.training.steps:

@@ -129,3 +129,14 @@ def test_the_trace_check_names_a_round_generated_too_far_off_policy() -> None:
     assert check_trace(events, AllocationConfig()) == [
         "step 5: round 1 generated with policy version 2, 2 steps behind the policy it trains (at most 1: pipelined mode)"]
     assert check_trace([{**events[0], "policy_version": 3}], AllocationConfig()) == []
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_step_without_an_update_leaves_the_next_steps_on_policy(tmp_path: Path, pipelined: bool) -> None:
+    # A keep band no pilot reaches and two rounds a step: every batch is empty (train_partial),
+    # no update runs, and the engines' weights stay the policy's: every round has lag 0 (or 1 pipelined).
+    cfg = _cfg(tmp_path, "pilot_commit", "allocation.p_lower=0.99", "allocation.p_upper=1.0", "allocation.max_rounds=2", *(PIPELINED if pipelined else ()))
+    rows, trace = _run(cfg, tmp_path)
+    assert not any(r.get("updates") for r in rows[1:])
+    assert check_trace(trace, cfg.allocation) == []
+    assert [r["policy_lag"] for r in rows[1:]] == ([0, 1, 1, 1] if pipelined else [0, 0, 0, 0])
