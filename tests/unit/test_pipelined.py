@@ -3,7 +3,6 @@ real training loop with in-process stand-ins for the ranks and engines (as test_
 
 from __future__ import annotations
 
-import signal
 import time
 from functools import partial
 from pathlib import Path
@@ -13,11 +12,11 @@ import pytest
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
 from megatron_pc.driver.faults import ENV
-from megatron_pc.driver.trainer import PREEMPTION_SIGNALS, Trainer
+from megatron_pc.driver.trainer import Trainer
 from megatron_pc.errors import ConfigError
 from megatron_pc.metrics.logger import read_metrics
 from standins import StandInWorkers
-from test_trainer_loop import _cfg, _data, _keys
+from test_trainer_loop import _cfg, _data, _keys, kept_signal_handlers
 
 PIPELINED = ("cluster.placement=split", "training.pipelined=true", "training.tis_cap=2.0")
 
@@ -83,8 +82,7 @@ def test_sigterm_during_a_pipelined_update_saves_the_prefetched_step_and_resumes
     straight = _cfg(tmp_path / "straight", "pilot_commit", *PIPELINED)
     rows, trace = _run(straight, tmp_path)
     cfg = _cfg(tmp_path / "term", "pilot_commit", *PIPELINED, "training.save_every=3")
-    previous = {sig: signal.getsignal(sig) for sig in PREEMPTION_SIGNALS}
-    try:
+    with kept_signal_handlers():
         monkeypatch.setenv(ENV, "sigterm@update:2")
         trainer = Trainer(cfg, _data(tmp_path), partial(StandInWorkers))
         trainer.run()
@@ -93,9 +91,6 @@ def test_sigterm_during_a_pipelined_update_saves_the_prefetched_step_and_resumes
         assert [p.name for p in (cfg.resolved_run_dir / "checkpoints").iterdir()] == ["step_00000002"]
         monkeypatch.delenv(ENV)
         Trainer(cfg, _data(tmp_path), partial(StandInWorkers)).run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     run = cfg.resolved_run_dir
     assert _keys(read_metrics(run / "metrics.jsonl")) == _keys(rows)
     assert read_trace(run / "trace.jsonl") == trace

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -89,6 +90,17 @@ def test_a_resumed_loop_continues_from_the_checkpoint(tmp_path: Path) -> None:
     assert state["steps"] == resumed[0].policy.model.schedule_steps
 
 
+@contextmanager
+def kept_signal_handlers():
+    """The preemption signals' handlers as they were before a Trainer installed its own."""
+    previous = {sig: signal.getsignal(sig) for sig in PREEMPTION_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _keys(rows: list[dict]) -> list[list]:
     return [[r.get(k) for k in ("generated", "cum_generated", "reward_mean", "loss", "val_accuracy")] for r in rows]
 
@@ -142,8 +154,7 @@ def test_sigterm_in_any_phase_of_a_step_finishes_the_step_checkpoints_and_resume
     Trainer(straight, _data(tmp_path), partial(StandInWorkers)).run()
     # The signal, not the schedule, saves step 2 (except in the checkpoint phase, which is the schedule's).
     cfg = _cfg(tmp_path / "term", "pilot_commit", f"training.save_every={2 if 'checkpoint' in faults else 3}")
-    previous = {sig: signal.getsignal(sig) for sig in PREEMPTION_SIGNALS}
-    try:
+    with kept_signal_handlers():
         monkeypatch.setenv(ENV, faults)
         trainer = Trainer(cfg, _data(tmp_path), partial(StandInWorkers))
         trainer.run()
@@ -153,9 +164,6 @@ def test_sigterm_in_any_phase_of_a_step_finishes_the_step_checkpoints_and_resume
         assert [p.name for p in (cfg.resolved_run_dir / "checkpoints").iterdir()] == ["step_00000002"]
         monkeypatch.delenv(ENV)
         Trainer(cfg, _data(tmp_path), partial(StandInWorkers)).run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     run = cfg.resolved_run_dir
     assert _keys(read_metrics(run / "metrics.jsonl")) == _keys(read_metrics(straight.resolved_run_dir / "metrics.jsonl"))
     assert read_trace(run / "trace.jsonl") == read_trace(straight.resolved_run_dir / "trace.jsonl")
