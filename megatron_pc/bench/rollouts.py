@@ -235,6 +235,32 @@ def estimate_seconds(summary: dict[str, Any], startup: float, steps: int, seeds:
     return out
 
 
+START_KEYS = ("val_accuracy", "val_greedy_accuracy")
+"""Step-0 validation figures that runs of one regime and seed share when they start from one model."""
+
+
+def check_same_start(runs: list[Run]) -> None:
+    """Refuse to compare runs of one regime and seed that did not start from the same model.
+
+    The step-0 validation (before any update) depends only on the start model, the regime's
+    validation set and the seed, never on the strategy; runs whose step-0 figures differ were
+    trained from another model (the tiny model made again differently, another model.path).
+    """
+    starts: dict[tuple[str, int], dict[tuple[Any, ...], list[Run]]] = {}
+    for run in runs:
+        row = next((r for r in run.rows if r.get("step", 0) == 0 and r.get("val_accuracy") is not None), None)
+        if row is None:
+            raise MegatronPCError(f"{run.run_dir}: metrics.jsonl has no step-0 validation, so its start model cannot be checked")
+        key = tuple(row.get(k) for k in START_KEYS)
+        starts.setdefault((run.regime, run.seed), {}).setdefault(key, []).append(run)
+    for (regime, seed), by_start in starts.items():
+        if len(by_start) > 1:
+            found = "; ".join(f"{', '.join(str(r.run_dir) for r in group)}: {dict(zip(START_KEYS, key))}" for key, group in by_start.items())
+            raise MegatronPCError(f"{regime} seed {seed}: the runs did not start from the same model (their step-0 validations "
+                                  f"differ: {found}); remove the run directories trained from the other model and run the "
+                                  "benchmark again to retrain them")  # fmt: skip
+
+
 def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -282,6 +308,7 @@ def _bench(args: argparse.Namespace) -> int:
             runs.append(load_run(job.run_dir, regime=regime.name, strategy=job.label, seed=job.seed))
             if wall is not None:
                 extra["wall_seconds"][str(job.run_dir.relative_to(out))] = {**wall, "startup_seconds": startup_seconds(runs[-1], wall)}
+    check_same_start(runs)
     sections = []
     if not args.no_simulate:
         sections.append(_simulate_all(args, regimes, runs, fractions, extra))

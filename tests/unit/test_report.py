@@ -252,6 +252,22 @@ def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path: Path)
         check_same_config("configs/tiny_cpu.yaml", job, ["training.lr=2e-4"])
 
 
+def test_runs_of_one_seed_that_started_from_another_model_are_refused_by_name() -> None:
+    from megatron_pc.bench.rollouts import check_same_start
+
+    runs = [_run(s, [0.30, 0.35, 0.40], seed) for s in ("pilot_commit", "grpo", "pc_history") for seed in (0, 1)]
+    for run in runs:  # one start model: each seed validates alike at step 0, whatever the strategy
+        run.rows[0]["val_greedy_accuracy"] = 0.31 + 0.01 * run.seed
+    check_same_start(runs)
+    odd = next(r for r in runs if r.strategy == "pc_history" and r.seed == 1)
+    odd.rows[0]["val_greedy_accuracy"] = 0.33  # the same sampled accuracy, another greedy one: another model
+    with pytest.raises(MegatronPCError, match=r"mixed seed 1: the runs did not start from the same model .*/runs/pc_history/1: "):
+        check_same_start(runs)
+    del odd.rows[0]["val_accuracy"]
+    with pytest.raises(MegatronPCError, match=r"/runs/pc_history/1: metrics.jsonl has no step-0 validation"):
+        check_same_start(runs)
+
+
 def _kept_run(tmp_path: Path, steps: int) -> tuple[Path, object]:
     """A finished benchmark run kept without checkpoints: config.yaml and metrics.jsonl only."""
     from megatron_pc.bench.rollouts import Job
