@@ -235,6 +235,56 @@ def estimate_seconds(summary: dict[str, Any], startup: float, steps: int, seeds:
     return out
 
 
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+"""The files of a start model that decide what it generates (their bytes make its fingerprint)."""
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """SHA-256 over the start model's deciding files (those it has of MODEL_FILES)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in MODEL_FILES:
+        path = model_dir / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def check_start_model(cfg: Any, regime_dir: Path) -> None:
+    """Every run of a regime starts from one model: the first call records the model's
+    fingerprint in REGIME/start_model.json, later calls refuse another model.
+
+    The tiny model is made on each machine by a seeded warm-up, but its bits follow the
+    processor's kernels: one made elsewhere can differ, and runs trained from it are not
+    comparable with the kept ones. ``scripts/bench_results.sh`` keeps the model beside the runs
+    and puts it back. A regime whose runs predate the record gets none here (nothing proves which
+    model they started from); :func:`check_same_start` still compares their step-0 validations.
+    """
+    from megatron_pc.driver.prepare import ensure_model
+
+    model_dir = Path(ensure_model(cfg)).resolve()
+    record = regime_dir / "start_model.json"
+    mine = {"path": cfg.model.path, "sha256": model_fingerprint(model_dir)}
+    if record.is_file():
+        saved = json.loads(record.read_text())
+        if saved.get("sha256") != mine["sha256"]:
+            raise MegatronPCError(
+                f"{regime_dir.name}: the model at {model_dir} (sha256 {mine['sha256'][:12]}) is not the one the runs in {regime_dir} "
+                f"started from ({record}: {saved.get('path')}, sha256 {str(saved.get('sha256'))[:12]}); put that model back "
+                "(scripts/bench_results.sh restore does, for kept results) or use another --out"
+            )
+        return
+    if any(regime_dir.glob("*/seed_*/metrics.jsonl")):
+        print(f"bench rollouts: {regime_dir.name}: runs kept from before start models were recorded; their start is checked by "
+              "their step-0 validations only", file=sys.stderr)  # fmt: skip
+        return
+    regime_dir.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(mine) + "\n")
+    tmp.replace(record)
+
+
 START_KEYS = ("val_accuracy", "val_greedy_accuracy")
 """Step-0 validation figures that runs of one regime and seed share when they start from one model."""
 
@@ -296,6 +346,7 @@ def _bench(args: argparse.Namespace) -> int:
         write_validation_set(regime, args.val_size, validation)
         base = _base_overrides(args, regime, validation)
         cfg = load_config(args.config, base)
+        check_start_model(cfg, out / regime.name)
         calibration = calibrate(cfg, validation, args.calibration_prompts, out / regime.name / "success_rates.json")
         extra["calibration"][regime.name] = {k: v for k, v in calibration.items() if k != "rates"}
         labelled = [(s, s, ()) for s in strategies] + [(v, *VARIANTS[v]) for v in variants]

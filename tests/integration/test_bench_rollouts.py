@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from megatron_pc.allocation.check import check_trace
+from megatron_pc.bench.rollouts import model_fingerprint
 from megatron_pc.config import load_config
 
 pytestmark = pytest.mark.integration
@@ -52,6 +53,9 @@ def test_reduced_benchmark_writes_report_summary_and_plots_and_resumes(tiny_mode
     progress = [line for line in proc.stderr.splitlines() if line.startswith("bench rollouts [")]
     assert len(progress) == 4 and all("paper_like" in p and "3/3 steps" in p and "(trained)" in p for p in progress)
 
+    # The regime recorded the model its runs started from (checked again by the second call).
+    record = json.loads((out / "paper_like" / "start_model.json").read_text())
+    assert record["sha256"] == model_fingerprint(tiny_model_dir) and record["path"] == str(tiny_model_dir)
     summary = json.loads((out / "summary.json").read_text())
     regime = summary["regimes"]["paper_like"]
     assert list(regime["strategies"]) == ["pilot_commit", "grpo", "dapo", "pc_history"]

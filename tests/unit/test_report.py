@@ -268,6 +268,35 @@ def test_runs_of_one_seed_that_started_from_another_model_are_refused_by_name() 
         check_same_start(runs)
 
 
+def _model_dir(path: Path, weights: bytes) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text('{"model_type": "qwen2"}')
+    (path / "model.safetensors").write_bytes(weights)
+    return path
+
+
+def test_a_regime_records_its_start_model_and_refuses_another(tmp_path: Path, capsys) -> None:
+    from megatron_pc.bench.rollouts import check_start_model, model_fingerprint
+    from megatron_pc.config import load_config
+
+    model = _model_dir(tmp_path / "model", b"weights made here")
+    cfg = load_config(None, [f"model.path={model}"])
+    regime_dir = tmp_path / "bench" / "paper_like"
+    check_start_model(cfg, regime_dir)  # the first call records it
+    record = json.loads((regime_dir / "start_model.json").read_text())
+    assert record == {"path": str(model), "sha256": model_fingerprint(model)}
+    check_start_model(cfg, regime_dir)  # the same model again: fine
+    (model / "model.safetensors").write_bytes(b"weights made on another machine")
+    with pytest.raises(MegatronPCError, match=r"paper_like: the model at .* is not the one the runs in .* started from"):
+        check_start_model(cfg, regime_dir)
+    # Runs kept from before records existed: no record is made up for them.
+    old = tmp_path / "bench" / "mixed"
+    (old / "grpo" / "seed_0").mkdir(parents=True)
+    (old / "grpo" / "seed_0" / "metrics.jsonl").write_text("{}\n")
+    check_start_model(cfg, old)
+    assert not (old / "start_model.json").exists() and "checked by their step-0 validations only" in capsys.readouterr().err
+
+
 def _kept_run(tmp_path: Path, steps: int) -> tuple[Path, object]:
     """A finished benchmark run kept without checkpoints: config.yaml and metrics.jsonl only."""
     from megatron_pc.bench.rollouts import Job
@@ -312,3 +341,30 @@ def test_bench_results_script_keeps_finished_runs_small_and_puts_them_back(tmp_p
     assert (fresh / "paper_like" / "grpo" / "seed_0" / "metrics.jsonl").read_text() == (run_dir / "metrics.jsonl").read_text()
     proc = subprocess.run(["bash", str(script), "save", str(tmp_path / "nowhere"), str(results)], capture_output=True, text=True)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_bench_results_script_keeps_the_start_model_and_puts_it_back_where_none_is(tmp_path: Path) -> None:
+    import subprocess
+
+    from megatron_pc.bench.rollouts import model_fingerprint
+
+    run_dir, _ = _kept_run(tmp_path, 3)
+    model = _model_dir(tmp_path / "models" / "tiny", b"the start weights")
+    sha = model_fingerprint(model)
+    (run_dir.parents[1] / "start_model.json").write_text(json.dumps({"path": "models/tiny", "sha256": sha}))
+    bench, results = tmp_path / "bench", tmp_path / "results"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_results.sh"
+    subprocess.run(["bash", str(script), "save", str(bench), str(results)], check=True, capture_output=True, cwd=tmp_path)
+    assert (results / "start_models" / sha[:12] / "model.safetensors").read_bytes() == b"the start weights"
+    assert (results / "paper_like" / "start_model.json").is_file()
+    fresh = tmp_path / "fresh_machine"
+    fresh.mkdir()
+    proc = subprocess.run(["bash", str(script), "restore", str(fresh / "bench"), str(results)], check=True, capture_output=True,
+                          text=True, cwd=fresh)  # fmt: skip
+    assert f"start model {sha[:12]} put back at models/tiny" in proc.stdout
+    assert model_fingerprint(fresh / "models" / "tiny") == sha
+    assert not (fresh / "bench" / "start_models").exists()
+    # A model already there is left alone (the benchmark refuses it if it is another one).
+    (fresh / "models" / "tiny" / "model.safetensors").write_bytes(b"another model")
+    subprocess.run(["bash", str(script), "restore", str(fresh / "bench"), str(results)], check=True, capture_output=True, cwd=fresh)
+    assert (fresh / "models" / "tiny" / "model.safetensors").read_bytes() == b"another model"
