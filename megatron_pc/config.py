@@ -106,6 +106,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_YAML_BOOL_WORDS = {True: ("on", "yes", "y", "true"), False: ("off", "no", "n", "false")}
+"""Words YAML reads as booleans: a choice spelled so (``preset: off``) is the choice, not the boolean."""
+
+
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Return a copy of ``data`` with ``a.b.c=value`` overrides applied (values parsed as YAML)."""
     out = _deep_copy(data)
@@ -176,6 +180,9 @@ def _coerce(value: Any, tp: Any, dotted: str) -> Any:
         raise ConfigError(dotted, " or ".join(errors))
     if origin is Literal:
         allowed = get_args(tp)
+        if isinstance(value, bool):  # YAML reads an unquoted off / on / no / yes as a boolean
+            spelled = [a for a in allowed if isinstance(a, str) and a.lower() in _YAML_BOOL_WORDS[value]]
+            value = spelled[0] if len(spelled) == 1 else value
         if value not in allowed:
             raise ConfigError(dotted, f"must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
         return value

@@ -52,6 +52,14 @@ def test_literal_choices_are_listed() -> None:
     _fails(["allocation.strategy=ppo"], "allocation.strategy", "'pilot_commit'", "'grpo'", "'dapo'")
 
 
+def test_a_choice_yaml_would_read_as_a_boolean_is_the_choice(tmp_path) -> None:
+    assert load_config(None, ["allocation.history.preset=off"]).allocation.history.preset == "off"
+    path = tmp_path / "run.yaml"
+    path.write_text("allocation:\n  history:\n    preset: off\n")
+    assert load_config(str(path)).allocation.history.preset == "off"
+    _fails(["allocation.history.preset=yes"], "allocation.history.preset", "'off'", "'history_aware'", "got True")
+
+
 def test_band_order_is_checked() -> None:
     _fails(["allocation.p_lower=0.8", "allocation.p_upper=0.5"], "allocation.p_lower", "<= p_upper")
 
