@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -368,3 +369,22 @@ def test_bench_results_script_keeps_the_start_model_and_puts_it_back_where_none_
     (fresh / "models" / "tiny" / "model.safetensors").write_bytes(b"another model")
     subprocess.run(["bash", str(script), "restore", str(fresh / "bench"), str(results)], check=True, capture_output=True, cwd=fresh)
     assert (fresh / "models" / "tiny" / "model.safetensors").read_bytes() == b"another model"
+
+
+def test_accuracy_at_budgets_interpolates_between_validations_and_marks_runs_that_stop_short(tmp_path: Path) -> None:
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "accuracy_at_budgets.py"
+    for strategy, seed, points in (("grpo", 0, [(0, 0.2), (100, 0.3), (200, 0.4)]), ("grpo", 1, [(0, 0.2), (100, 0.5)]),
+                                   ("pc_history", 0, [(0, 0.2), (50, 0.6)])):  # fmt: skip
+        run = tmp_path / strategy / f"seed_{seed}"
+        run.mkdir(parents=True)
+        rows = [{"step": i, "cum_generated": x, "val_accuracy": a} for i, (x, a) in enumerate(points)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "50,150"], capture_output=True, text=True, check=True).stdout
+    lines = {line.split(" | ")[0].strip("| "): line for line in out.splitlines()}
+    # grpo at 50: 0.25 and 0.35 (median 0.30); at 150 only seed 0 got that far (0.35).
+    assert "| grpo | 2 | 0.300 [0.250-0.350] | 0.350 [0.350-0.350] (1/2) |" in lines["grpo"]
+    assert "| pc_history | 1 | 0.600 [0.600-0.600] | - (0/1 got that far) |" in lines["pc_history"]
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path), "50,lots"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "budgets must be whole numbers" in bad.stderr
