@@ -9,6 +9,11 @@ set -euo pipefail
 mode=${1:?usage: scripts/bench_results.sh save|restore [BENCH_DIR] [RESULTS_DIR]}
 bench=${2:-runs/bench_rollouts}
 results=${3:-results/bench_rollouts}
+# A start-model record's model path and the first 12 hex digits of its fingerprint.
+record_fields() {
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["path"], r["sha256"][:12])' "$1"
+}
+
 case "$mode" in
   save)
     [ -d "$bench" ] || { echo "bench_results: $bench does not exist" >&2; exit 2; }
@@ -23,7 +28,7 @@ case "$mode" in
     # The start models the regimes recorded, once each, by fingerprint.
     for record in "$bench"/*/start_model.json; do
       [ -f "$record" ] || continue
-      read -r path sha < <(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["path"], r["sha256"][:12])' "$record")
+      read -r path sha < <(record_fields "$record")
       if [ ! -d "$results/start_models/$sha" ]; then
         [ -f "$path/config.json" ] || { echo "bench_results: $record names $path, which holds no model" >&2; exit 2; }
         mkdir -p "$results/start_models/$sha"
@@ -46,7 +51,7 @@ case "$mode" in
     # already (the benchmark then refuses it if it is another one).
     for record in "$results"/*/start_model.json; do
       [ -f "$record" ] || continue
-      read -r path sha < <(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["path"], r["sha256"][:12])' "$record")
+      read -r path sha < <(record_fields "$record")
       if [ ! -f "$path/config.json" ] && [ -d "$results/start_models/$sha" ]; then
         mkdir -p "$path"
         cp "$results/start_models/$sha"/* "$path"/

@@ -240,15 +240,13 @@ MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
 def model_fingerprint(model_dir: Path) -> str:
-    """SHA-256 over the start model's deciding files (those it has of MODEL_FILES)."""
+    """SHA-256 over the names and SHA-256s of the start model's deciding files (those it has of MODEL_FILES)."""
     import hashlib
 
-    digest = hashlib.sha256()
-    for name in MODEL_FILES:
-        path = model_dir / name
-        if path.is_file():
-            digest.update(name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    from megatron_pc.driver.checkpoints import sha256_file
+
+    listing = "".join(f"{name}\0{sha256_file(model_dir / name)}\n" for name in MODEL_FILES if (model_dir / name).is_file())
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 def check_start_model(cfg: Any, regime_dir: Path) -> None:

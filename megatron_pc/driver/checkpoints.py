@@ -207,10 +207,11 @@ def _entry(entry: Any, name: str, manifest: dict[str, Any]) -> tuple[int, str | 
 
 def _sha256_all(paths: list[Path]) -> list[str]:
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        return list(pool.map(_sha256, paths))
+        return list(pool.map(sha256_file, paths))
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 4 MiB chunks (checkpoint shards and model weights can be large)."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 22):
