@@ -6,7 +6,7 @@ pilot's success rate p_hat decides the prompt's fate: too easy (> p_upper) is sk
 epoch, too hard (< p_lower) is deferred to the next epoch, in the band it waits in the
 buffer for its commit; p_hat >= p_evict also evicts the prompt for good. A committed
 survivor trains on its kept pilot rollouts plus its commit rollouts as one group.
-See ../shared/docs/PILOT_COMMIT.md for the reference behaviour.
+See docs/pilot_commit.md for the reference behaviour.
 
 The history-aware options (``allocation.history``, off by default; docs/history_aware.md) keep
 a faded Beta posterior over every prompt's success rate (:mod:`megatron_pc.allocation.history`)

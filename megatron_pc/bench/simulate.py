@@ -15,7 +15,7 @@ The model, and why
   a prompt measured 0/16 starts rare-but-possible rather than impossible.
 * Learning signal. For a logistic p_i, d p_i / d s = p_i (1 - p_i): the expected policy
   gradient a prompt contributes is largest at p = 1/2, which is Proposition 3.1 of the paper
-  (see ../shared/docs/PILOT_COMMIT.md). A sampled GRPO group with empirical success rate q
+  (see docs/pilot_commit.md). A sampled GRPO group with empirical success rate q
   and std-normalised advantages contributes a gradient whose size along s is proportional to
   sqrt(q (1 - q)) (its reward std), and exactly 0 for an all-equal group. The optimizer step
   averages over the groups of the train batch (token-mean loss with equal-length responses),

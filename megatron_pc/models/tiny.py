@@ -5,7 +5,7 @@
 "a+b=" -> "c<eos>" examples, and saves a standard Hugging Face directory (config.json,
 model.safetensors, tokenizer files, generation_config.json, warmup.json) that transformers,
 vLLM and the Megatron provider load. RL then starts from a policy whose per-prompt success
-rates spread over 0..1 (see shared/docs/CPU_RL_NOTES.md for the sizing).
+rates spread over 0..1 (docs/benchmarks.md gives the measured per-level success rates).
 
 Choices:
 - ``tie_word_embeddings=False``: every parameter has exactly one HF name, so weight sync and
