@@ -72,12 +72,28 @@ def plan_rows(groups: Seq[TrainGroup], prompt_tokens: Seq[Seq[int]], cfg: Config
     compact = {u: k for k, u in enumerate(sorted(set(raw)))}  # mini-batches with no row drop out
     update = np.array([compact[u] for u in raw], dtype=np.int32)
     counts = np.bincount(update, minlength=len(compact)) if len(update) else np.zeros(0, np.int64)
-    denominators = []
-    for k in range(len(compact)):
-        members = np.flatnonzero(update == k)
-        denominators.append(float(sum(len(responses[i].tokens) for i in members)) if t.loss_agg == "token-mean" else float(len(members)))
+    counted = informative_rows(advs, group_of) if t.loss_denominator == "informative" else np.ones(len(advs), dtype=bool)
+    denominators = [_denominator(responses, np.flatnonzero(update == k), counted, t.loss_agg) for k in range(len(compact))]
     scales = [1.0 if size is None else float(c) / size for c in counts]
     return RowPlan(prompts, responses, advs, update, denominators, scales)
+
+
+def informative_rows(advantages: Seq[float], group_of: Seq[int]) -> np.ndarray:
+    """Per row: does its group hold a nonzero advantage (``training.loss_denominator=informative``
+    counts only those rows; a zero-variance group's rows all have advantage 0)."""
+    adv, group = np.asarray(advantages, dtype=np.float64), np.asarray(group_of, dtype=np.int64)
+    if not len(adv):
+        return np.zeros(0, dtype=bool)
+    live = np.zeros(int(group.max()) + 1, dtype=bool)
+    np.logical_or.at(live, group, adv != 0.0)
+    return live[group]
+
+
+def _denominator(responses: Seq[Any], members: np.ndarray, counted: np.ndarray, loss_agg: str) -> float:
+    """One update's loss denominator over its ``counted`` rows: response tokens (token-mean) or
+    rows; all its rows when none is counted (its policy-gradient loss is 0 then anyway)."""
+    chosen = members[counted[members]] if counted[members].any() else members
+    return float(sum(len(responses[i].tokens) for i in chosen)) if loss_agg == "token-mean" else float(len(chosen))
 
 
 def update_policy(

@@ -47,6 +47,14 @@ class TrainingConfig:
     """Dual-clip constant c for negative advantages; None disables it."""
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     """How per-token losses are averaged."""
+    loss_denominator: Literal["all", "informative"] = "all"
+    """What the loss mean of an update divides by (``loss_agg``'s count of tokens or sequences).
+    ``all``: every trained row, as the reference recipe (the rows of zero-variance groups carry no
+    policy gradient, so their share dilutes the gradient). ``informative``: only the rows of groups
+    with a nonzero advantage, so the policy-gradient loss is the ``all`` one times
+    all / informative (for Dr. GRPO-style comparisons). An update holding no informative row keeps
+    the ``all`` count (its policy-gradient loss is 0 either way; KL and entropy terms use the same
+    denominator)."""
     kl_coef: float = 0.0
     """Weight of the KL loss against the reference model (0: no reference model is run)."""
     kl_estimator: Literal["k1", "k3"] = "k3"
