@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from megatron_pc.data.builtin import BUILTIN_SOURCES
+from megatron_pc.data.formats import AUTO, FORMATS
 from megatron_pc.errors import ConfigError
 
 BUILTIN_PREFIX = "builtin:"
@@ -21,7 +22,7 @@ class ValidationSet:
     """One validation set of a list in ``data.validation``; unset sampling fields take the run's."""
 
     path: str
-    """A .jsonl / .parquet file in our schema."""
+    """A .jsonl / .parquet file in our schema, verl's, or another of ``format``'s choices."""
     name: str | None = None
     """Name in the metrics (``val/<name>/accuracy``); letters, digits, ``_``, ``-``, ``.``.
     Default: the file name without its suffix."""
@@ -31,11 +32,15 @@ class ValidationSet:
     """Sampling temperature; None: ``rollout.temperature``."""
     top_p: float | None = None
     """Nucleus sampling threshold in (0, 1]; None: ``rollout.top_p``."""
+    format: str = AUTO
+    """The file's format: ``auto`` (detected from its columns), ``ours``, ``verl``, ``deepmath``,
+    ``polaris``, ``aime``, ``math500`` (see docs/data.md)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
             raise ConfigError("path", f"must be a .jsonl or .parquet file, got {self.path!r}")
         _check_file("path", self.path)
+        _check_format("format", self.format)
         if self.name is None:
             self.name = Path(self.path).stem
             if not _SET_NAME.fullmatch(self.name):
@@ -56,7 +61,12 @@ class DataConfig:
 
     source: str = "builtin:arithmetic"
     """``builtin:<name>`` for a generated set (``arithmetic``, ``gsm_symbolic``), or a path to a
-    .jsonl / .parquet file in our schema (id, prompt, answer[, source, difficulty])."""
+    .jsonl / .parquet file: our schema (id, prompt, answer[, source, difficulty]), verl's
+    (prompt messages, reward_model.ground_truth, ...) or a public dataset's (see ``format``)."""
+    format: str = AUTO
+    """Format of a file ``source``: ``auto`` (detected from its columns), ``ours``, ``verl``,
+    ``deepmath``, ``polaris``, ``aime``, ``math500``. A single-path ``validation`` and list
+    items without their own ``format`` are detected."""
     validation: str | list[Any] | None = None
     """Validation prompts: None to split them off ``source`` by seed; a file; or a list of sets,
     each a file path or a :class:`ValidationSet` mapping (path, name, n, temperature, top_p).
@@ -83,6 +93,7 @@ class DataConfig:
                 raise ConfigError("source", f"unknown builtin set {name!r}; known: {known}")
         else:
             _check_file("source", self.source, or_builtin=True)
+        _check_format("format", self.format)
         if isinstance(self.validation, list):
             self.validation = _validation_sets(self.validation)
         elif self.validation is not None:
@@ -132,3 +143,8 @@ def _check_file(field: str, path: str, or_builtin: bool = False) -> None:
     if not path.lower().endswith(_FILE_SUFFIXES):
         alternative = " (or builtin:<name>)" if or_builtin else ""
         raise ConfigError(field, f"must be a .jsonl or .parquet file{alternative}, got {path!r}")
+
+
+def _check_format(field: str, fmt: str) -> None:
+    if fmt != AUTO and fmt not in FORMATS:
+        raise ConfigError(field, f"unknown format {fmt!r}; known: {', '.join([AUTO, *FORMATS])}")

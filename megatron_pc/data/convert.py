@@ -1,89 +1,102 @@
-"""Converters from public math datasets (as the user's own .parquet/.jsonl files) to our schema.
+"""Reading any known format (megatron_pc.data.formats) into our records, and writing them as .jsonl.
 
-Assumed columns (others are ignored):
-
-============  ============  ==============  ==============  ==========
-format        prompt        answer          difficulty      id
-============  ============  ==============  ==============  ==========
-deepmath      question      final_answer    difficulty      (row index)
-polaris       problem       answer          difficulty      (row index)
-aime          problem       answer          --              id
-math500       problem       answer          level           unique_id
-============  ============  ==============  ==============  ==========
-
-Answers are turned into strings (AIME answers are integers). A difficulty that is not a number
-(Polaris writes pass rates like ``"7/8"``) is read as a fraction when it is one, else dropped.
-Ids are ``<format>/<id column or row number>``.
+``read_records(path, fmt)`` is what training and validation sources go through: ``auto``
+detects the format from the columns. ``convert_to_jsonl`` is ``megatron-pc data convert``:
+it writes a temporary file next to the output and renames it only when every row was good,
+so a bad row leaves nothing behind (and an older output untouched).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from fractions import Fraction
+import os
+import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Iterator
 
-from megatron_pc.data.records import PromptRecord, iter_rows, record_from_row
+from megatron_pc.data.formats import AUTO, FORMATS, ColumnMap, resolve_format
+from megatron_pc.data.records import PromptRecord, count_rows, iter_rows, write_jsonl
 from megatron_pc.errors import DataError
 
-__all__ = ["ColumnMap", "FORMATS", "convert_file"]
+__all__ = ["ColumnMap", "FORMATS", "PROGRESS_MIN_ROWS", "IdCheck", "convert_file", "convert_to_jsonl", "read_records"]
+
+PROGRESS_MIN_ROWS = 5000
+"""Files with at least this many rows get a progress bar when one is asked for."""
 
 
-@dataclass(frozen=True)
-class ColumnMap:
-    """Which of a dataset's columns hold our fields (None: the dataset has no such column)."""
+class IdCheck:
+    """Remembers where each id was first seen, so a repeat names both places."""
 
-    prompt: str
-    answer: str
-    difficulty: str | None = None
-    id: str | None = None
+    def __init__(self) -> None:
+        self._seen: dict[str, str] = {}
 
-
-FORMATS: dict[str, ColumnMap] = {
-    "deepmath": ColumnMap("question", "final_answer", difficulty="difficulty"),
-    "polaris": ColumnMap("problem", "answer", difficulty="difficulty"),
-    "aime": ColumnMap("problem", "answer", id="id"),
-    "math500": ColumnMap("problem", "answer", difficulty="level", id="unique_id"),
-}
-"""Column maps by exact format name."""
+    def problem(self, record: PromptRecord, where: str) -> str | None:
+        """The error message if ``record.id`` was seen before, else None (and remember it)."""
+        if record.id in self._seen:
+            return f"{where}: field 'id': duplicate id {record.id!r}, first at {self._seen[record.id]}"
+        self._seen[record.id] = where
+        return None
 
 
-def convert_file(path: str | Path, fmt: str) -> list[PromptRecord]:
-    """Records in our schema from a .parquet or .jsonl file of dataset ``fmt`` (see FORMATS)."""
-    if fmt not in FORMATS:
-        raise DataError(f"unknown dataset format {fmt!r}; known: {sorted(FORMATS)}")
-    cols = FORMATS[fmt]
-    records: list[PromptRecord] = []
-    seen: dict[str, str] = {}
-    for n, (where, row) in enumerate(iter_rows(Path(path)), start=1):
+def iter_records(path: str | Path, fmt: str = AUTO, progress: bool = False) -> Iterator[PromptRecord]:
+    """Our records of ``path`` one by one; the first bad row or repeated id raises a DataError."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    form = resolve_format(path, fmt)
+    ids = IdCheck()
+    rows = iter_rows(path)
+    if progress:
+        rows = _with_bar(rows, path)
+    for n, (where, row) in enumerate(rows, start=1):
         if not isinstance(row, dict):
-            raise DataError(f"{where}: field '<row>': must be an object")
-        for column in (cols.prompt, cols.answer):
-            if column not in row:
-                raise DataError(f"{where}: field {column!r}: missing (format {fmt} needs it)")
-        answer = row[cols.answer]
-        ours = {
-            "id": f"{fmt}/{row.get(cols.id) if cols.id and row.get(cols.id) is not None else n}",
-            "prompt": row[cols.prompt],
-            "answer": answer if isinstance(answer, str) else str(answer),
-            "source": fmt,
-            "difficulty": _number(row.get(cols.difficulty)) if cols.difficulty else None,
-        }
-        record = record_from_row(ours, where)
-        if record.id in seen:
-            raise DataError(f"{where}: field 'id': duplicate id {record.id!r}, first at {seen[record.id]}")
-        seen[record.id] = where
-        records.append(record)
+            raise DataError(f"{where}: field '<row>': must be an object, got {type(row).__name__}")
+        record = form.record(row, n, where)
+        duplicate = ids.problem(record, where)
+        if duplicate:
+            raise DataError(duplicate)
+        yield record
+
+
+def read_records(path: str | Path, fmt: str = AUTO, progress: bool = False) -> list[PromptRecord]:
+    """All records of a file in format ``fmt`` (``auto``: detected from its columns)."""
+    records = list(iter_records(path, fmt, progress))
+    if not records:
+        raise DataError(f"{path}: no rows")
     return records
 
 
-def _number(value: Any) -> float | None:
-    """A difficulty as a float: numbers as they are, fraction strings parsed, else None."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
+def convert_file(path: str | Path, fmt: str) -> list[PromptRecord]:
+    """Records in our schema from a .parquet or .jsonl file of format ``fmt`` (see FORMATS)."""
+    return read_records(path, fmt)
+
+
+def convert_to_jsonl(path: str | Path, fmt: str, out: str | Path, progress: bool = True) -> int:
+    """Write ``path`` (format ``fmt``) as our .jsonl at ``out``; returns the rows written.
+
+    Every row is read and checked before ``out`` appears: on any error nothing is written.
+    """
+    out = Path(out)
+    records = read_records(path, fmt, progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Same directory as out, so the final rename stays on one filesystem (atomic).
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
     try:
-        return float(Fraction(str(value).strip()))
-    except (ValueError, ZeroDivisionError):
-        return None
+        write_jsonl(records, tmp)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return len(records)
+
+
+def _with_bar(rows: Iterator[tuple[str, object]], path: Path) -> Iterator[tuple[str, object]]:
+    """``rows`` behind a tqdm bar on stderr, shown for files of PROGRESS_MIN_ROWS rows or more."""
+    from tqdm import tqdm
+
+    total = count_rows(path)
+    with tqdm(total=total, unit="row", desc=path.name, file=sys.stderr, disable=total < PROGRESS_MIN_ROWS) as bar:
+        for item in rows:
+            yield item
+            bar.update(1)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from megatron_pc.data.builtin import BUILTIN_SOURCES
 from megatron_pc.data.config import BUILTIN_PREFIX, DataConfig
-from megatron_pc.data.records import PromptRecord, read_prompts
+from megatron_pc.data.convert import read_records
+from megatron_pc.data.records import PromptRecord
 from megatron_pc.errors import DataError
 
 __all__ = ["DEFAULT_VALIDATION_NAME", "load_prompt_sets", "load_prompts", "split_prompts"]
@@ -47,7 +48,7 @@ def load_prompt_sets(cfg: DataConfig, seed: int) -> tuple[list[PromptRecord], di
         if len(pool) < cfg.train_size + extra:
             raise DataError(f"{cfg.source}: generated only {len(pool)} distinct prompts, need {cfg.train_size + extra}")
     else:
-        pool = read_prompts(cfg.source)
+        pool = read_records(cfg.source, cfg.format)
     if explicit is not None:
         return _without(pool, [r for records in explicit.values() for r in records], cfg.source), explicit
     train, validation = split_prompts(pool, cfg.validation_size, seed)
@@ -59,8 +60,8 @@ def _read_validation(cfg: DataConfig) -> dict[str, list[PromptRecord]] | None:
     if cfg.validation is None:
         return None
     if isinstance(cfg.validation, str):
-        return {Path(cfg.validation).stem: read_prompts(cfg.validation)}
-    return {str(s.name): read_prompts(s.path) for s in cfg.validation}
+        return {Path(cfg.validation).stem: read_records(cfg.validation)}
+    return {str(s.name): read_records(s.path, s.format) for s in cfg.validation}
 
 
 def split_prompts(pool: list[PromptRecord], validation_size: int, seed: int) -> tuple[list[PromptRecord], list[PromptRecord]]:

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator
 
 from megatron_pc.errors import DataError
 
-__all__ = ["ChatMessage", "PromptRecord", "record_from_row", "read_prompts", "write_jsonl", "iter_rows"]
+__all__ = ["ChatMessage", "PromptRecord", "record_from_row", "read_prompts", "write_jsonl", "iter_rows", "columns", "count_rows"]
 
 CHAT_ROLES = ("system", "user", "assistant")
 
@@ -99,13 +99,24 @@ def _prompt(value: Any, fail: Any) -> str | tuple[ChatMessage, ...]:
             raise fail("prompt", "must not be empty")
         return value
     if not isinstance(value, list) or not value:
-        raise fail("prompt", f"must be a string or a non-empty list of messages, got {type(value).__name__}")
+        raise fail("prompt", f"must be a string or a non-empty list of messages, got {_kind(value)}")
     messages = []
     for k, msg in enumerate(value):
-        if not isinstance(msg, dict) or msg.get("role") not in CHAT_ROLES or not isinstance(msg.get("content"), str):
-            raise fail(f"prompt[{k}]", f"must be {{'role': one of {CHAT_ROLES}, 'content': str}}, got {msg!r}")
+        if not isinstance(msg, dict):
+            raise fail(f"prompt[{k}]", f"must be a message {{'role': one of {CHAT_ROLES}, 'content': str}}, got {msg!r}")
+        if msg.get("role") not in CHAT_ROLES:
+            raise fail(f"prompt[{k}]", f"unknown role {msg.get('role')!r}; known: {', '.join(CHAT_ROLES)}")
+        if not isinstance(msg.get("content"), str):
+            raise fail(f"prompt[{k}]", f"'content' must be a string, got {_kind(msg.get('content'))}")
         messages.append(ChatMessage(msg["role"], msg["content"]))
     return tuple(messages)
+
+
+def _kind(value: Any) -> str:
+    """A value's type for an error message; an empty list says so (it is the usual mistake)."""
+    if isinstance(value, list) and not value:
+        return "an empty list"
+    return "nothing (missing)" if value is None else type(value).__name__
 
 
 def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
@@ -134,17 +145,56 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
                 raise DataError(f"{path}:line {n}: field '<json>': not valid JSON ({err.msg})") from None
 
 
-def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+def _pyarrow_parquet(path: Path) -> Any:
+    """pyarrow.parquet, imported only when a parquet file is read."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise ImportError(f"reading {path} needs the 'pyarrow' package (pip install pyarrow)") from None
+    return pq
+
+
+def _parquet_file(path: Path) -> Any:
+    """An open ``pyarrow.parquet.ParquetFile``; a damaged file is a DataError naming it."""
+    pq = _pyarrow_parquet(path)
     try:
-        table = pq.read_table(path)
+        return pq.ParquetFile(path)
     except Exception as err:  # pyarrow raises ArrowInvalid / OSError subclasses for damaged files
         raise DataError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from None
-    for n, row in enumerate(table.to_pylist(), start=1):
-        yield f"{path}:row {n}", row
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    # Batch by batch: a 100k-row file with long solutions need not sit in memory as Python rows.
+    n = 0
+    parquet = _parquet_file(path)
+    try:
+        for batch in parquet.iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                n += 1
+                yield f"{path}:row {n}", row
+    except Exception as err:  # a damaged column chunk surfaces only when it is decoded
+        raise DataError(f"{path}:row {n + 1}: not a readable parquet file ({type(err).__name__}: {err})") from None
+
+
+def columns(path: str | Path) -> list[str]:
+    """The column names of a .parquet file, or the keys of a .jsonl file's first row."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    if path.suffix.lower() == ".parquet":
+        return list(_parquet_file(path).schema_arrow.names)
+    for _, row in iter_rows(path):
+        return list(row) if isinstance(row, dict) else []
+    return []
+
+
+def count_rows(path: str | Path) -> int:
+    """Rows of a .parquet file (from its footer) or non-blank lines of a .jsonl file."""
+    path = Path(path)
+    if path.suffix.lower() == ".parquet":
+        return int(_parquet_file(path).metadata.num_rows)
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
 
 
 def read_prompts(path: str | Path) -> list[PromptRecord]:
