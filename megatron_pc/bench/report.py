@@ -76,6 +76,10 @@ class Run:
     """Validation prompts (for a binomial standard error when the rows carry none)."""
     val_samples: int | None = None
     """Sampled responses per validation prompt."""
+    update_rule: str = "unknown"
+    """``reference`` or ``equal/N`` (:func:`megatron_pc.bench.variants.rule_of_config`)."""
+    variant: str = "none"
+    """The benchmark's variant or ablation label (``none`` for a plain strategy)."""
     points: list[Point] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -245,6 +249,7 @@ def run_figures(run: Run) -> dict[str, Any]:
         "zero_variance_share": mean("zero_variance_share"),
         "group_reward_var_mean": mean("group_reward_var_mean"),
         "rollouts_per_step": mean("generated"),
+        "updates_per_step": mean("updates"),
         "rollouts": generated,
         "trained_share": (last.get("cum_trained_rollouts") or 0) / generated if generated else None,
         "pilot_keep_rate": (last.get("cum_prompts_kept") or 0) / piloted if piloted else None,
@@ -266,6 +271,9 @@ def regime_figures(runs: list[Run]) -> dict[str, Any]:
         figures = [run_figures(r) for r in runs if r.strategy == name]
         out[name] = {key: _mean_or_none([f[key] for f in figures]) for key in figures[0]}
         out[name]["seeds"] = len(figures)
+        # A label's seeds share one rule and variant; differing ones are listed rather than hidden.
+        for key in ("update_rule", "variant"):
+            out[name][key] = ",".join(sorted({getattr(r, key) for r in runs if r.strategy == name}))
     return out
 
 
@@ -287,7 +295,8 @@ def summarize(runs: list[Run], fractions: tuple[float, ...] = TARGET_FRACTIONS) 
         mine = [r for r in runs if r.regime == regime]
         chosen = choose_targets(mine, fractions)
         regimes[regime] = {**chosen, **compare(mine, chosen["target_accuracies"]), "strategies": regime_figures(mine),
-                           "runs": [{"strategy": r.strategy, "seed": r.seed, "run_dir": str(r.run_dir)} for r in mine]}  # fmt: skip
+                           "runs": [{"strategy": r.strategy, "seed": r.seed, "update_rule": r.update_rule, "variant": r.variant,
+                                     "run_dir": str(r.run_dir)} for r in mine]}  # fmt: skip
     return {"regimes": regimes}
 
 
@@ -295,8 +304,11 @@ def summarize(runs: list[Run], fractions: tuple[float, ...] = TARGET_FRACTIONS) 
 
 
 def load_run(run_dir: str | Path, *, regime: str | None = None, strategy: str | None = None, seed: int | None = None,
-             label_by: str = "strategy") -> Run:  # fmt: skip
-    """A run directory's metrics and labels (from its config.yaml unless given)."""
+             label_by: str = "strategy", variant: str = "none") -> Run:  # fmt: skip
+    """A run directory's metrics and labels (from its config.yaml unless given; the update rule
+    always from the config, so a kept run reads as the rule it ran)."""
+    from megatron_pc.bench.variants import rule_of_config
+
     path = Path(run_dir)
     if not path.is_dir():
         raise MegatronPCError(f"run directory {path} does not exist")
@@ -319,6 +331,8 @@ def load_run(run_dir: str | Path, *, regime: str | None = None, strategy: str | 
         rows=read_metrics(metrics),
         val_prompts=val_prompts,
         val_samples=training.get("val_samples"),
+        update_rule=rule_of_config(cfg),
+        variant=variant,
     )
 
 

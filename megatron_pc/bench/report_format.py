@@ -57,10 +57,16 @@ def _overview(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def shown(name: str, figures: dict[str, Any]) -> str:
+    """A label with its update rule, as tables and legends show it: ``grpo [reference]``."""
+    rule = figures.get("update_rule")
+    return f"{name} [{rule}]" if rule else name
+
+
 def _reach_table(reg: dict[str, Any], axis: str, fmt: str) -> list[str]:
     names = list(reg["strategies"])
     others = [n for n in names if n != REFERENCE]
-    head = ["target"] + names + [f"{n}/PC" for n in others if REFERENCE in names]
+    head = ["target"] + [shown(n, reg["strategies"][n]) for n in names] + [f"{n}/PC" for n in others if REFERENCE in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for frac, t in zip(reg["fractions"], reg["targets"]):
         cells = [f"{t['accuracy']:.3f} ({100 * frac:.0f}%)"]
@@ -76,6 +82,7 @@ _ALLOCATION_COLUMNS = (
     ("zero_variance_share", "zero-var share (trained)", "{:.2f}"),
     ("group_reward_var_mean", "group reward var", "{:.3f}"),
     ("rollouts_per_step", "rollouts/step", "{:,.0f}"),
+    ("updates_per_step", "updates/step", "{:.2f}"),
     ("trained_share", "trained share", "{:.2f}"),
     ("pilot_keep_rate", "pilot keep rate", "{:.2f}"),
     ("prompts_evicted", "evicted", "{:,.0f}"),
@@ -104,10 +111,11 @@ def _history_table(reg: dict[str, Any]) -> list[str]:
 
 
 def _allocation_table(reg: dict[str, Any]) -> list[str]:
-    head = ["strategy", "seeds"] + [label for _, label, _ in _ALLOCATION_COLUMNS]
+    head = ["strategy", "update rule", "variant", "seeds"] + [label for _, label, _ in _ALLOCATION_COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, f in reg["strategies"].items():
-        lines.append("| " + " | ".join([name, str(f["seeds"])] + [_num(f.get(k), fmt) for k, _, fmt in _ALLOCATION_COLUMNS]) + " |")
+        cells = [name, f.get("update_rule") or "-", f.get("variant") or "-", str(f["seeds"])]
+        lines.append("| " + " | ".join(cells + [_num(f.get(k), fmt) for k, _, fmt in _ALLOCATION_COLUMNS]) + " |")
     return lines
 
 

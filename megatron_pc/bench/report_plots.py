@@ -49,6 +49,11 @@ def _style(name: str) -> str:
     return "-" if name in MAIN_STRATEGIES else "--"
 
 
+def _legend(name: str, mine: list[Run]) -> str:
+    """A line's label with its update rule: ``grpo [reference]``."""
+    return f"{name} [{','.join(sorted({r.update_rule for r in mine}))}]"
+
+
 def _by_strategy(runs: list[Run]) -> dict[str, list[Run]]:
     out: dict[str, list[Run]] = {}
     for r in runs:
@@ -64,7 +69,7 @@ def _accuracy_panel(ax: "Axes", runs: list[Run], targets: list[float]) -> None:
         grid = np.linspace(0.0, span, 60) if span > 0 else np.zeros(1)
         curves = np.array([np.interp(grid, [p.rollouts for p in r.points], [p.accuracy for p in r.points]) for r in mine])
         color = _color(name, i)
-        ax.plot(grid, np.median(curves, axis=0), color=color, linestyle=_style(name), label=f"{name} ({len(mine)} seed{'s' * (len(mine) > 1)})")
+        ax.plot(grid, np.median(curves, axis=0), color=color, linestyle=_style(name), label=f"{_legend(name, mine)} ({len(mine)} seed{'s' * (len(mine) > 1)})")
         if len(mine) > 1:
             ax.fill_between(grid, curves.min(axis=0), curves.max(axis=0), color=color, alpha=0.2, linewidth=0)
     for t in targets:
@@ -82,7 +87,7 @@ def _per_step_panel(ax: "Axes", runs: list[Run], key: str, label: str) -> None:
                 if row.get(key) is not None:
                     values.setdefault(int(row["step"]), []).append(float(row[key]))
         steps = sorted(values)
-        ax.plot(steps, [statistics.median(values[s]) for s in steps], color=_color(name, i), linestyle=_style(name), label=name, linewidth=1)
+        ax.plot(steps, [statistics.median(values[s]) for s in steps], color=_color(name, i), linestyle=_style(name), label=_legend(name, mine), linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel(label)
     ax.legend(fontsize=7)

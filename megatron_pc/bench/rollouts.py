@@ -2,10 +2,16 @@
 validation accuracies, per task regime, over seeds: the paper's headline measurement.
 
 For each regime (:mod:`megatron_pc.bench.regimes`) and seed it trains pilot_commit, grpo and
-dapo from the same start model, each a normal run directory ``OUT/REGIME/STRATEGY/seed_K``
+dapo from the same start model, each a normal run directory ``OUT/REGIME/LABEL/seed_K``
 (``megatron-pc train``; an interrupted benchmark resumes: finished runs are skipped, partial
 ones continue from their checkpoint). All runs of a regime validate on one fixed set of
 ``--val-size`` prompts (OUT/REGIME/validation.jsonl) every ``--validate-every`` steps.
+
+Every run trains under an update rule (``--update-rule``, :mod:`megatron_pc.bench.variants`):
+``reference`` (the recipe's mini-batches in call rollouts) or ``equal`` (``--updates`` N per step
+for every strategy). LABEL is the strategy or variant with the rule, e.g. ``grpo@reference``,
+``pc_4up@equal4``; ``equal`` with 1 update adds nothing (``grpo``), the layout of the runs kept
+from before rules were named, which are ``equal`` with 1 update and are reused as such.
 
 Beside the runs, per regime:
 * calibration: the start model's per-prompt success rates (16 samples at temperature 1) on
@@ -35,12 +41,13 @@ from megatron_pc.bench.regimes import DEFAULT_REGIMES, REGIMES, Regime, parse_re
 from megatron_pc.bench.report import Run, load_run, parse_fractions, validation_seconds, write_report
 from megatron_pc.bench.rollouts_calibration import calibrate, simulate_regime
 from megatron_pc.bench.step import STRATEGIES, run_strategy
+from megatron_pc.bench.variants import UPDATE_RULES, VARIANTS, UpdateRule, parse_rule
 from megatron_pc.errors import MegatronPCError
 
 ABLATIONS = ("grpo_matched", "pc_sized")
-VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {"pc_history": ("pilot_commit", ("allocation.history.preset=history_aware",))}
-"""Further methods run beside the strategies, by label: (strategy, overrides). ``pc_history`` is
-history-aware Pilot-Commit (docs/history_aware.md)."""
+DEFAULTS = {"steps": 100, "validate_every": 10, "val_size": 640}
+"""The benchmark's run length and validation (docs/benchmarks.md, "A cheaper benchmark"): 640
+prompts keep a validation's standard error at or under 0.5 / sqrt(640) = 0.0198."""
 DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
 VALIDATION_SEED = 20_260_526
 """Seed of every regime's fixed validation set (not a run seed: the set is shared by all runs)."""
@@ -52,11 +59,13 @@ class Job:
 
     regime: Regime
     label: str
-    """``pilot_commit``, ``grpo``, ``dapo`` or an ablation name."""
+    """``pilot_commit``, ``grpo``, ``dapo``, a variant or an ablation name."""
     strategy: str
     seed: int
     overrides: tuple[str, ...]
     run_dir: Path
+    rule: UpdateRule = UpdateRule("equal", 1)
+    """The update rule it trains under (its overrides hold its settings)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,11 +75,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--regimes", default=",".join(DEFAULT_REGIMES), help="comma-separated, from " + ", ".join(REGIMES))
     parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated, from " + ", ".join(STRATEGIES))
     parser.add_argument("--seeds", type=int, default=3, help="seeds per regime and strategy (0..N-1)")
-    parser.add_argument("--steps", type=int, default=150, help="training steps per run")
-    parser.add_argument("--validate-every", type=int, default=5, help="validation every K steps")
-    parser.add_argument("--val-size", type=int, default=1000, help="prompts in each regime's fixed validation set")
+    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="training steps per run")
+    parser.add_argument("--validate-every", type=int, default=DEFAULTS["validate_every"], help="validation every K steps")
+    parser.add_argument("--val-size", type=int, default=DEFAULTS["val_size"], help="prompts in each regime's fixed validation set")
+    parser.add_argument("--update-rule", default="reference", choices=UPDATE_RULES,
+                        help="reference: the recipe's mini-batches in call rollouts; equal: --updates per step for every strategy")  # fmt: skip
+    parser.add_argument("--updates", type=int, default=None, help="with --update-rule equal: optimizer updates per step (default 1)")
     parser.add_argument("--train-size", type=int, default=20_000, help="training prompts per run")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated from {', '.join(VARIANTS)}, or none")
+    parser.add_argument("--variant-regimes", default=None, help="comma-separated regimes the variants run on (default: every one of --regimes)")
     parser.add_argument("--ablations", default=",".join(ABLATIONS), help=f"comma-separated from {', '.join(ABLATIONS)}, or none")
     parser.add_argument("--calibration-prompts", type=int, default=500, help="validation prompts the start model is measured on")
     parser.add_argument("--no-simulate", action="store_true", help="skip the calibrated simulator")
@@ -80,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_args(args: argparse.Namespace) -> tuple[list[Regime], list[str], list[str], list[str]]:
+    """The regimes, strategies, variants and ablations asked for; ``args.rule`` and
+    ``args.variant_regime_names`` set. Refuses anything unknown, naming the option."""
     from megatron_pc.config_cli import split_config_args
 
     config, args.overrides = split_config_args(args.config, args.overrides)  # CONFIG may be left out
@@ -100,6 +115,12 @@ def _check_args(args: argparse.Namespace) -> tuple[list[Regime], list[str], list
     for name in ("seeds", "steps", "validate_every", "val_size", "train_size", "calibration_prompts"):
         if getattr(args, name) < 1:
             raise MegatronPCError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    args.rule = parse_rule(args.update_rule, args.updates)
+    names = [r.name for r in regimes]
+    chosen = names if args.variant_regimes is None else [r.name for r in parse_regimes(args.variant_regimes)]
+    if set(chosen) - set(names):
+        raise MegatronPCError(f"--variant-regimes: {sorted(set(chosen) - set(names))} not among --regimes {', '.join(names)}")
+    args.variant_regime_names = chosen
     return regimes, strategies, variants, ablations
 
 
@@ -162,6 +183,11 @@ def check_same_config(config: str, job: Job, overrides: list[str]) -> None:
 
     current = _flatten(to_dict(load_config(config, [*overrides, f"allocation.strategy={job.strategy}"])))
     saved = _flatten(yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {})
+    # Kept runs record their validation set relative to the repository root (where the benchmark
+    # runs), new ones absolute: the same file either way.
+    for flat in (saved, current):
+        if isinstance(flat.get("data.validation"), str):
+            flat["data.validation"] = str(Path(flat["data.validation"]).resolve())
     changed = config_changes(saved, current)
     if changed:
         details = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:5])
@@ -177,7 +203,7 @@ class Progress:
     def line(self, job: Job, steps: int, wanted: int, seconds: float, note: str) -> None:
         """Report a run that ended (or was found finished)."""
         self.done += 1
-        print(f"bench rollouts [{self.done}/{self.total}] {job.regime.name} {job.label} seed {job.seed}: {steps}/{wanted} steps, "
+        print(f"bench rollouts [{self.done}/{self.total}] {job.regime.name} {job.label} ({job.rule.label}) seed {job.seed}: {steps}/{wanted} steps, "
               f"{seconds:,.0f} s ({note}); benchmark elapsed {time.perf_counter() - self.start:,.0f} s", file=sys.stderr, flush=True)  # fmt: skip
 
 
@@ -332,13 +358,12 @@ def _bench(args: argparse.Namespace) -> int:
     from megatron_pc.config import load_config
 
     out = Path(args.out).resolve()
-    for regime in regimes:  # refuse a bad config before any run starts
-        for strategy, more in [(s, ()) for s in strategies] + [VARIANTS[v] for v in variants]:
-            load_config(args.config, [*_base_overrides(args, regime, out / "v.jsonl"), f"allocation.strategy={strategy}", *more])
-    progress = Progress(len(regimes) * args.seeds * (len(strategies) + len(variants) + len(ablations)))
+    # Every run's configuration is built (and refused if bad) before any run starts.
+    planned = {r.name: labelled_jobs(args, r, out, strategies, variants) for r in regimes}
+    progress = Progress(sum(len(jobs) for jobs in planned.values()) + len(regimes) * args.seeds * len(ablations))
     runs: list[Run] = []
-    extra: dict[str, Any] = {"bench": {k: v for k, v in vars(args).items()}, "calibration": {}, "ablations": {}, "simulator": {},
-                             "wall_seconds": {}}  # fmt: skip
+    extra: dict[str, Any] = {"bench": {k: v for k, v in vars(args).items() if k != "rule"}, "update_rule": args.rule.label,
+                             "calibration": {}, "ablations": {}, "simulator": {}, "wall_seconds": {}}  # fmt: skip
     for regime in regimes:
         validation = out / regime.name / "validation.jsonl"
         write_validation_set(regime, args.val_size, validation)
@@ -347,14 +372,12 @@ def _bench(args: argparse.Namespace) -> int:
         check_start_model(cfg, out / regime.name)
         calibration = calibrate(cfg, validation, args.calibration_prompts, out / regime.name / "success_rates.json")
         extra["calibration"][regime.name] = {k: v for k, v in calibration.items() if k != "rates"}
-        labelled = [(s, s, ()) for s in strategies] + [(v, *VARIANTS[v]) for v in variants]
-        jobs = [Job(regime, label, s, seed, (*base, f"allocation.strategy={s}", *more), out / regime.name / label / f"seed_{seed}")
-                for seed in range(args.seeds) for label, s, more in labelled]  # fmt: skip
-        sized = ablation_jobs(cfg, regime, ablations, calibration, base, out, args.seeds)
+        sized = ablation_jobs(cfg, regime, ablations, calibration, base, out, args.seeds, args.rule)
         extra["ablations"][regime.name] = sized["settings"]
-        for job in jobs + sized["jobs"]:
+        for job in planned[regime.name] + sized["jobs"]:
             wall = run_job(args.config, job, args.steps, progress) or read_wall(job)
-            runs.append(load_run(job.run_dir, regime=regime.name, strategy=job.label, seed=job.seed))
+            variant = "none" if job.label == job.strategy else job.label
+            runs.append(load_run(job.run_dir, regime=regime.name, strategy=job.label, seed=job.seed, variant=variant))
             if wall is not None:
                 extra["wall_seconds"][str(job.run_dir.relative_to(out))] = {**wall, "startup_seconds": startup_seconds(runs[-1], wall)}
     check_same_start(runs)
@@ -367,6 +390,27 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def labelled_jobs(args: argparse.Namespace, regime: Regime, out: Path, strategies: list[str], variants: list[str]) -> list[Job]:
+    """The strategies' and variants' runs of a regime (seed by seed), each under its update rule:
+    the benchmark's, or a variant's own."""
+    from megatron_pc.config import load_config
+
+    base = _base_overrides(args, regime, out / regime.name / "validation.jsonl")
+    regime_batch = load_config(args.config, base).allocation.train_batch
+    specs = [(s, s, (), args.rule) for s in strategies]
+    if regime.name in args.variant_regime_names:
+        specs += [(v, VARIANTS[v].strategy, VARIANTS[v].overrides(regime_batch), VARIANTS[v].rule or args.rule) for v in variants]
+    labelled = []
+    for label, strategy, more, rule in specs:
+        overrides = (*base, f"allocation.strategy={strategy}", *more)
+        train_batch = load_config(args.config, list(overrides)).allocation.train_batch
+        overrides = (*overrides, *rule.overrides(train_batch, regime_batch, label))
+        load_config(args.config, list(overrides))  # refused here, naming the field, rather than in the middle of the benchmark
+        labelled.append((label, strategy, overrides, rule))
+    return [Job(regime, label, strategy, seed, overrides, out / regime.name / f"{label}{rule.dir_suffix}" / f"seed_{seed}", rule)
+            for seed in range(args.seeds) for label, strategy, overrides, rule in labelled]  # fmt: skip
+
+
 def _timing_section(args: argparse.Namespace, runs: list[Run], fractions: tuple[float, ...], extra: dict[str, Any]) -> str:
     """Measured seconds per step / validation / start-up, and what the full benchmark would take."""
     from megatron_pc.bench.report import summarize
@@ -375,7 +419,7 @@ def _timing_section(args: argparse.Namespace, runs: list[Run], fractions: tuple[
     startup = statistics.median(starts) if starts else 0.0
     startup_text = f"{startup:.0f} s (median)" if starts else "unknown (no run here was trained from scratch), counted as 0"
     summary = summarize(runs, fractions)
-    full = {"steps": 150, "seeds": 3, "validate_every": 5, "val_size": 1000}
+    full = {**DEFAULTS, "seeds": 3}
     scale = full["val_size"] / args.val_size
     main_only = summarize([r for r in runs if r.strategy in STRATEGIES], fractions)
     extra["estimate_seconds"] = {
@@ -397,21 +441,23 @@ def _timing_section(args: argparse.Namespace, runs: list[Run], fractions: tuple[
 
 
 def ablation_jobs(cfg: Any, regime: Regime, ablations: list[str], calibration: dict[str, Any], base: list[str], out: Path,
-                  seeds: int) -> dict[str, Any]:  # fmt: skip
-    """The ablation runs of a regime, sized from its calibration."""
+                  seeds: int, rule: UpdateRule) -> dict[str, Any]:  # fmt: skip
+    """The ablation runs of a regime, sized from its calibration, under the benchmark's update rule."""
     from megatron_pc.bench.rollouts_calibration import matched_grpo_batch, sized_pilot_batch
 
     a = cfg.allocation
     settings: dict[str, Any] = {}
     if "grpo_matched" in ablations:
         batch = matched_grpo_batch(a.train_batch, calibration["z"], a.n, cfg.rollout.engines)
-        # One optimizer update per step, as the others take: the same informative groups per update.
-        settings["grpo_matched"] = {"strategy": "grpo", "overrides": [f"allocation.train_batch={batch}", f"training.mini_batch={batch}"]}
+        # Under equal/1: one optimizer update per step, as the others take (the same informative groups per update).
+        settings["grpo_matched"] = {"strategy": "grpo", "overrides": [f"allocation.train_batch={batch}",
+                                                                      *rule.overrides(batch, a.train_batch, "grpo_matched")]}  # fmt: skip
     if "pc_sized" in ablations:
         batch = sized_pilot_batch(a.train_batch, calibration["keep_rate"], a.pilot.n, cfg.rollout.engines)
-        settings["pc_sized"] = {"strategy": "pilot_commit", "overrides": [f"allocation.pilot.batch={batch}"]}
+        settings["pc_sized"] = {"strategy": "pilot_commit", "overrides": [f"allocation.pilot.batch={batch}",
+                                                                          *rule.overrides(a.train_batch, a.train_batch, "pc_sized")]}  # fmt: skip
     jobs = [Job(regime, name, s["strategy"], seed, (*base, f"allocation.strategy={s['strategy']}", *s["overrides"]),
-                out / regime.name / name / f"seed_{seed}")
+                out / regime.name / f"{name}{rule.dir_suffix}" / f"seed_{seed}", rule)
             for seed in range(seeds) for name, s in settings.items()]  # fmt: skip
     return {"settings": settings, "jobs": jobs}
 
