@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("megatron_pc.launch.nemo:main", "submit a job through nemo-run (slurm | local)"),
     "config": ("megatron_pc.config_cli:main", "print the resolved configuration of an experiment"),
     "report": ("megatron_pc.bench.report:main", "report and plots of validation accuracy against rollouts for any runs"),
+    "data": ("megatron_pc.data.cli:main", "prompt data files: inspect (format, fields, problems) | convert (to our .jsonl)"),
 }
 
 
