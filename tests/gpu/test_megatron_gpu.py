@@ -1,6 +1,7 @@
 """The Megatron policy on one GPU: Transformer Engine layer spec when TE is installed (the
-local spec otherwise), bf16 parameters by default, log-probs that match transformers in bf16,
-and a bf16 train step (fp32 main parameters) that moves the weights.
+local spec otherwise), bf16 parameters by default, log-probs that match transformers in bf16
+for Llama, Qwen2 and Qwen3 (qk-norm), a bf16 train step (fp32 main parameters) that moves the
+weights, and the export to HF names (what the weight sync sends) and back, bit for bit.
 
 Runs in the pytest process on a world of one rank (NCCL on a free port). Skipped without
 CUDA by tests/conftest.py; everything imported at module level imports without CUDA.
@@ -9,8 +10,9 @@ CUDA by tests/conftest.py; everything imported at module level imports without C
 from __future__ import annotations
 
 import os
+import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,17 +37,19 @@ LR = 1e-3
 """Large enough that one Adam step shows through bf16 rounding of the model weights."""
 
 
-def _make_hf_model(root: Path, model_type: str, seed: int = 0) -> Path:
-    """A tiny random HF model (head_dim 32, GQA 4/2) saved in fp32 safetensors.
+def _make_hf_model(root: Path, model_type: str, seed: int = 0, tie: bool = False,
+                   dtype: torch.dtype = torch.float32) -> Path:
+    """A tiny random HF model (head_dim 32, GQA 4/2) saved in ``dtype`` safetensors.
 
     initializer_range 0.05 spreads the log-probs (std ~0.5, see test below) well beyond the
     tolerance, so matching within it says something."""
     import transformers
 
-    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[model_type]
+    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "qwen3": transformers.Qwen3Config}[model_type]
     config = config_cls(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
-                        rope_theta=5000.0, tie_word_embeddings=False, max_position_embeddings=256,
+                        rope_theta=5000.0, tie_word_embeddings=tie, max_position_embeddings=256,
                         initializer_range=0.05)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).float()
@@ -54,8 +58,8 @@ def _make_hf_model(root: Path, model_type: str, seed: int = 0) -> Path:
         for name, param in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 param.add_(0.1 * torch.randn_like(param))
-    path = root / model_type
-    model.save_pretrained(path, safe_serialization=True)
+    path = root / f"{model_type}{'-tied' if tie else ''}"
+    model.to(dtype).save_pretrained(path, safe_serialization=True)
     return path
 
 
@@ -88,6 +92,11 @@ def _hf_logprobs(path: Path, seqs: list[Sequence]) -> list[torch.Tensor]:
     return out
 
 
+def _bits(t: torch.Tensor) -> bytes:
+    """The tensor's raw bytes: equal bits, not merely equal values (-0.0 and NaN included)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def _model_cfg(path: Path) -> ModelConfig:
     # params_dtype "auto" on purpose: bf16 must be what a GPU run gets without asking.
     return ModelConfig(path=str(path), tensor_parallel=1, pipeline_parallel=1, params_dtype="auto")
@@ -114,7 +123,7 @@ def world() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf_gpu")
-    return {t: _make_hf_model(root, t) for t in ("llama", "qwen2")}
+    return {t: _make_hf_model(root, t) for t in ("llama", "qwen2", "qwen3")}
 
 
 def test_provider_uses_transformer_engine_spec_and_bf16_params_when_te_is_installed(
@@ -154,8 +163,9 @@ def test_provider_falls_back_to_local_spec_without_transformer_engine(
     assert diff <= TOLERANCE
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
-def test_bf16_logprobs_match_transformers_bf16(world: None, hf_dirs: dict[str, Path], model_type: str) -> None:
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_bf16_logprobs_match_transformers_bf16(world: None, hf_dirs: dict[str, Path], model_type: str,
+                                               record_figure: Callable[..., None]) -> None:
     from megatron_pc.training.worker import ReferenceWorker
 
     seqs = _sequences()
@@ -167,6 +177,8 @@ def test_bf16_logprobs_match_transformers_bf16(world: None, hf_dirs: dict[str, P
     # The log-probs vary far more than the tolerance, so agreeing within it is not trivial.
     assert torch.cat(ref).std().item() > 10 * TOLERANCE
     diff = torch.cat([a - b for a, b in zip(ours, ref)]).abs()
+    record_figure(mean_abs_logprob_diff=diff.mean().item(), max_abs_logprob_diff=diff.max().item(),
+                  logprob_std=torch.cat(ref).std().item(), tokens=diff.numel())
     assert diff.mean().item() <= TOLERANCE, (diff.mean().item(), diff.max().item())
 
 
@@ -198,3 +210,44 @@ def test_bf16_train_step_keeps_fp32_main_params_and_moves_weights_toward_advanta
     # lowers those of negative ones (per sequence, bf16 noise could flip a small change).
     gain = sum(s.advantage * (a[0] - b[0]).sum().item() for s, a, b in zip(seqs, after, before))
     assert gain > 0, gain
+
+
+@pytest.mark.parametrize("model_type,tie", [("llama", True), ("qwen2", False), ("qwen3", False)],
+                         ids=["llama-tied", "qwen2", "qwen3"])
+def test_export_to_hf_names_and_back_is_bit_exact(world: None, tmp_path: Path, model_type: str, tie: bool,
+                                                  record_figure: Callable[..., None]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from megatron_pc.models.export import iter_hf_tensors
+    from megatron_pc.training.worker import ReferenceWorker
+
+    # The checkpoint in the parameters' dtype (bf16 on a GPU), so loading it rounds nothing.
+    dtype = platform.default_dtype()
+    original = _make_hf_model(tmp_path, model_type, tie=tie, dtype=dtype)
+    expected = load_file(str(original / "model.safetensors"))
+    worker = ReferenceWorker(_model_cfg(original))
+    worker.load_hf()
+    exported = {name: t.cpu().clone() for name, t in iter_hf_tensors(worker.model, worker.arch)}
+    # The HF names and bits the weight sync would send: fused QKV / fc1 split again, the vocab
+    # padding dropped, the tied head sent once as the embedding.
+    assert sorted(exported) == sorted(expected)
+    # Megatron's local spec builds its RMSNorm weights in fp32 whatever params_dtype says, so
+    # those come out wider than the checkpoint: exact only if they hold its values unrounded.
+    widened = sorted(n for n, t in expected.items() if exported[n].dtype != t.dtype)
+    assert all(torch.equal(exported[n], exported[n].to(expected[n].dtype).to(exported[n].dtype)) for n in widened)
+    changed = [n for n, t in expected.items() if _bits(exported[n].to(t.dtype)) != _bits(t)]
+    assert not changed, changed
+    # And back: the export saved as an HF checkpoint loads into a fresh model bit for bit.
+    back = tmp_path / "back"
+    back.mkdir()
+    shutil.copy(original / "config.json", back / "config.json")
+    save_file(exported, str(back / "model.safetensors"))
+    again = ReferenceWorker(_model_cfg(back))
+    again.load_hf()
+    first, second = dict(worker.module.named_parameters()), dict(again.module.named_parameters())
+    assert sorted(first) == sorted(second)
+    assert {p.dtype for p in second.values() if p.dim() == 2} == {dtype}
+    changed = [n for n, p in first.items() if _bits(p) != _bits(second[n])]
+    assert not changed, changed
+    record_figure(hf_tensors=len(expected), megatron_params=len(first), dtype=str(dtype).removeprefix("torch."),
+                  exported_wider=len(widened), bytes=sum(t.numel() * t.element_size() for t in expected.values()))
