@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -36,12 +35,14 @@ from megatron_pc.cluster import groups as G
 from megatron_pc.driver.engines import RestartingEngines
 from megatron_pc.driver.evaluation import Evaluator, decode_and_score
 from megatron_pc.driver.faults import Injector
+from megatron_pc.driver.sync_check import SyncCheck, pair_precision
 from megatron_pc.driver.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
 from megatron_pc.driver.update import PolicyGroup, response_metrics, update_policy
 from megatron_pc.config import Config, to_dict
 from megatron_pc.console import CONSOLE
 from megatron_pc.errors import MegatronPCError
 from megatron_pc.metrics.logger import open_metrics
+from megatron_pc.platform import devices
 from megatron_pc.reward.pool import RewardPool
 from megatron_pc.rollout.base import SamplingSettings, derive_seed
 from megatron_pc.training.payload import as_payload
@@ -176,6 +177,8 @@ class RayWorkers:
         """Placement group, policy and reference ranks, engines."""
         cfg = self.cfg
         gpu = _has_gpu()
+        # Before any worker: Ray's GPUs must be usable here and enough for the layout.
+        devices.check_gpu_count(G.devices_needed(cfg), G.ray_gpus(), use_gpu=gpu)
         self.placement = G.Placement(cfg, use_gpu=gpu)
         # The engines start while the Megatron ranks do (each takes tens of seconds on CPU),
         # except where they share GPUs: vLLM sizes its KV cache from the memory free when it
@@ -242,8 +245,10 @@ class Trainer:
         if cfg.training.pipelined and cfg.training.tis_cap is None:
             logger.warning("training.pipelined: every rollout is one step off-policy and training.tis_cap is off, so nothing "
                            "corrects it; set training.tis_cap (e.g. 2.0) to weight tokens by min(pi_old / pi_engine, cap)", extra=CONSOLE)  # fmt: skip
-        # Refuse a transport the devices cannot serve before any worker starts.
-        self.transport = cfg.rollout.resolve_transport(use_gpu=_has_gpu(), colocated=cfg.cluster.placement == "colocated")
+        # Refuse GPUs this Python cannot use, and a transport the devices cannot serve, before any worker starts.
+        gpu = _has_gpu()
+        self.transport = cfg.rollout.resolve_transport(use_gpu=gpu, colocated=cfg.cluster.placement == "colocated")
+        self.sync_check = SyncCheck(cfg.rollout, pair_precision(cfg.model.params_dtype, cfg.rollout.dtype, gpu, str(data.model_path)))
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         """Preemption: finish the current step, checkpoint, exit (see driver.PREEMPTED_EXIT)."""
@@ -429,26 +434,25 @@ class Trainer:
         return out
 
     def _check_sync(self, result: StepResult, policy: PolicyGroup, engines: Any, timer: Timer) -> float:
-        """Engine vs trainer log-probs on a few sequences of this step, after the sync."""
+        """Engine vs trainer log-probs on a few sequences of this step, after the sync, on every
+        engine; the worst engine's mean gap (judged by :class:`SyncCheck`)."""
         firsts = [_single(g) for g in result.groups[:4] if len(as_payload(g.rollouts[0].data).tokens)]
         if not firsts:
             return float("nan")
         with timer("sync_check"):
             seqs = groups_to_sequences(firsts, self.data.train_tokens, std_normalize=False)
             trainer_lp = policy.call("logprobs", seqs)
-            engine_lp = engines.score([s.tokens for s in seqs])
-        # engine_lp[i][t] is the log-prob of token t+1; response tokens start at prompt_len.
-        diffs = [abs(a - b) for s, t, e in zip(seqs, trainer_lp, engine_lp) for a, b in zip(t, e[s.prompt_len - 1 :])]
-        if not diffs:
-            raise MegatronPCError("the sync check compared no tokens: engine and trainer log-probs are misaligned")
-        logger.debug("sync check: %d tokens, first trainer %s engine %s", len(diffs), trainer_lp[0][:3], engine_lp[0][seqs[0].prompt_len - 1 :][:3])
-        gap = sum(diffs) / len(diffs)
-        if not math.isfinite(gap) or gap > self.cfg.rollout.logprob_gap_max:
-            raise MegatronPCError(
-                f"after the weight sync the engines and the trainer disagree: mean |log-prob gap| {gap:.3g} > "
-                f"rollout.logprob_gap_max {self.cfg.rollout.logprob_gap_max}: the sync or the name maps are broken"
-            )
-        return gap
+            per_engine = engines.call("sync check", lambda: engines.group.score_each([s.tokens for s in seqs]))
+        gaps = {}
+        for engine, engine_lp in zip(engines.group.engines, per_engine):
+            # engine_lp[i][t] is the log-prob of token t+1; response tokens start at prompt_len.
+            diffs = [abs(a - b) for s, t, e in zip(seqs, trainer_lp, engine_lp) for a, b in zip(t, e[s.prompt_len - 1 :])]
+            if not diffs:
+                raise MegatronPCError(f"the sync check compared no tokens of engine {engine.name}: engine and trainer log-probs are misaligned")
+            gaps[engine.name] = sum(diffs) / len(diffs)
+        logger.debug("sync check: gaps %s", gaps)
+        self.sync_check.judge(result.step, gaps)
+        return max(gaps.values())
 
     @property
     def _engines(self) -> RestartingEngines:
@@ -495,12 +499,9 @@ def _single(group: TrainGroup) -> TrainGroup:
 
 
 def _has_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
+    """Whether the run computes on GPUs; stops it (naming the venv and the fix) when the
+    scheduler reports GPUs that this Python's torch cannot use."""
+    return devices.use_gpus()
 
 
 def install_signal_handlers(trainer: Trainer) -> None:
