@@ -82,6 +82,7 @@ bytes_of_files() { xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {p
 # What the device tool sends: tracked and untracked-not-ignored files, plus the carried wheels.
 check_size() {
   local tree wheels total
+  git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1 || die "$REPO is not a git checkout: cannot tell what travels"
   tree="$(cd "$REPO" && git ls-files -z --cached --others --exclude-standard | bytes_of_files)"
   wheels="$(find "$WHEEL_DIR" -type f -print0 2>/dev/null | bytes_of_files)"
   total=$((tree + wheels))
@@ -128,6 +129,7 @@ run_smoke() {
     --junitxml="$results/junit.xml" "${SELECTION[@]}" 2>&1 | tee "$results/pytest.log" >&2
   rc=${PIPESTATUS[0]}
   set -e
+  say "pytest exit status $rc after $((SECONDS - start)) s; results in $results"
   # The last line on stdout: the JSON result.
   "$PYTHON" "$REPO/scripts/gpu_smoke_report.py" --junit "$results/junit.xml" --figures "$MPC_GPU_FIGURES" \
     --rc "$rc" --seconds "$((SECONDS - start))" --out "$results/gpu_smoke.json"
