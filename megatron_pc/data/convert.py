@@ -28,14 +28,20 @@ class IdCheck:
     """Remembers where each id was first seen, so a repeat names both places."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, str] = {}
+        self._seen: dict[str, tuple[str, PromptRecord]] = {}
 
     def problem(self, record: PromptRecord, where: str) -> str | None:
         """The error message if ``record.id`` was seen before, else None (and remember it)."""
-        if record.id in self._seen:
-            return f"{where}: field 'id': duplicate id {record.id!r}, first at {self._seen[record.id]}"
-        self._seen[record.id] = where
-        return None
+        if record.id not in self._seen:
+            self._seen[record.id] = (where, record)
+            return None
+        first, earlier = self._seen[record.id]
+        message = f"{where}: field 'id': duplicate id {record.id!r}, first at {first}"
+        if (earlier.prompt_key, earlier.answer) == (record.prompt_key, record.answer):
+            # Evaluation files that repeat each problem once per sample (n_trials) look like this.
+            message += ("; the row is a copy of that one (a file repeating each problem per sample?): "
+                        "keep one copy and ask for the samples with the validation set's n")  # fmt: skip
+        return message
 
 
 def iter_records(path: str | Path, fmt: str = AUTO, progress: bool = False) -> Iterator[PromptRecord]:

@@ -27,3 +27,11 @@ class LoggingConfig:
     def __post_init__(self) -> None:
         if self.log_every < 1:
             raise ConfigError("log_every", f"must be >= 1, got {self.log_every}")
+        if self.wandb_project is not None:
+            import importlib.util  # find_spec, not an import: wandb takes a second to import
+
+            if not self.wandb_project:
+                raise ConfigError("wandb_project", "must name a W&B project, or be null for no W&B logging")
+            if importlib.util.find_spec("wandb") is None:
+                raise ConfigError("wandb_project", f"is {self.wandb_project!r} but the wandb package is not installed: "
+                                  "pip install 'megatron-pc[wandb]'")  # fmt: skip

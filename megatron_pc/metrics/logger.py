@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any, Protocol
@@ -111,23 +112,51 @@ class TensorBoardMetrics:
         self._writer.close()
 
 
+WANDB_ID_FILE = "wandb_run_id"
+"""The run directory's W&B run id: a resumed run continues the same W&B run."""
+
+
 class WandbMetrics:
-    """Logs to a Weights & Biases project (wandb must be installed)."""
+    """Logs each step's finite scalars to a Weights & Biases run (wandb must be installed).
+
+    The W&B run id is made once and kept in the run directory (:data:`WANDB_ID_FILE`), so every
+    attempt of a preempted or crashed run logs to the same W&B run (``resume="allow"``); an id
+    made from the run name would merge two run directories of one experiment. W&B's own files go
+    to ``$WANDB_DIR`` when set, else to the run directory; ``WANDB_MODE=offline`` keeps them local
+    for ``wandb sync``. Steps logged before a crash and again after the resume keep W&B's first
+    value (W&B refuses to go back in steps); metrics.jsonl holds the resumed values.
+    """
 
     def __init__(self, project: str, run_name: str, run_dir: Path, config: dict[str, Any]) -> None:
         try:
             import wandb
         except ImportError:
-            raise ImportError(f"logging.wandb_project={project!r} needs the wandb package: pip install wandb") from None
-        self._run = wandb.init(project=project, name=run_name, dir=str(run_dir), config=config, resume="allow", id=run_name)
+            raise ImportError(f"logging.wandb_project={project!r} needs the wandb package: pip install 'megatron-pc[wandb]'") from None
+        self.run_id = wandb_run_id(run_dir)
+        where = None if os.environ.get("WANDB_DIR") else str(run_dir)
+        self._run = wandb.init(project=project, name=run_name, id=self.run_id, resume="allow", dir=where, config=config)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Log one step."""
-        self._run.log(metrics, step=step)
+        """Log the step's finite numbers (None and NaN are left out, as in TensorBoard)."""
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        self._run.log(scalars, step=step)
 
     def close(self) -> None:
-        """Finish the run."""
+        """Finish the run (it stays resumable)."""
         self._run.finish()
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The W&B run id kept in ``run_dir``, made (8 random lowercase hex digits) on first use."""
+    path = run_dir / WANDB_ID_FILE
+    if path.is_file():
+        return path.read_text().strip()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_id = secrets.token_hex(4)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, path)  # a crash mid-write must not leave an empty id for the next attempt
+    return run_id
 
 
 class ProgressBar:

@@ -121,3 +121,9 @@ def test_a_bad_verl_row_is_refused_naming_file_row_and_field(tmp_path: Path, wha
     row = 1 if types else 3
     assert message.startswith(f"{path}:row {row}: field {field!r}: "), message
     assert rule in message, message
+
+
+def test_a_repeated_id_on_a_copied_row_says_it_is_a_copy_and_how_to_ask_for_samples(tmp_path: Path) -> None:
+    path = write_verl(tmp_path / "aime.parquet", [verl_row(0, "AIME 1", "204", "aime_2024", "test")] * 2)
+    with pytest.raises(DataError, match=r"row 2: field 'id': duplicate id 'aime_2024/test/0', first at .*row 1; the row is a copy .* n"):
+        read_records(path)
