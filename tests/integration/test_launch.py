@@ -10,6 +10,7 @@ nemo-run are in test_slurm_e2e.py.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,60 @@ def test_slurm_executor_without_slurm_commands_says_so(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--executor slurm needs the SLURM client commands, and sbatch and scontrol are not on PATH" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _no_gpu_env() -> dict[str, str]:
+    """This machine as it is (no GPUs), whatever the calling shell exported."""
+    hidden = ("CUDA_VISIBLE_DEVICES", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "MPC_CONTAINER")
+    return {k: v for k, v in os.environ.items() if k not in hidden} | {"MEGATRON_PC_LAUNCH_VENV": ""}
+
+
+def _launch_here(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", RUNNER, *args], cwd=REPO, env=_no_gpu_env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has GPUs")
+def test_a_gpu_config_is_refused_on_the_local_executor_of_a_machine_without_gpus() -> None:
+    proc = _launch_here("--executor", "local", "qwen3_14b")
+    assert proc.returncode == 2
+    assert "qwen3_14b.yaml needs GPUs (its model Qwen3-14B is a GPU model" in proc.stderr
+    assert "use --executor slurm, or a CPU config such as tiny_cpu" in proc.stderr
+    assert "nemo-run" not in proc.stderr  # refused before nemo-run is needed
+
+
+def test_a_gpu_config_is_refused_on_a_slurm_executor_asked_for_no_gpus() -> None:
+    proc = _launch_here("--executor", "slurm", "--gpus-per-node", "0", "qwen3_4b")
+    assert proc.returncode == 2
+    assert "qwen3_4b.yaml needs GPUs" in proc.stderr and "--gpus-per-node 0 asks SLURM for none" in proc.stderr
+
+
+def test_the_cpu_config_is_not_refused_for_gpus() -> None:
+    proc = _launch_here("--executor", "local", "tiny_cpu")
+    assert "needs GPUs" not in proc.stderr and "the launch command needs nemo-run" in proc.stderr
+
+
+LAUNCH_PYTHON = REPO / ".venv-launch" / "bin" / "python"
+EXECUTOR = """
+import sys, nemo_run as run
+from megatron_pc.config import load_config
+from megatron_pc.launch import nemo
+args = nemo._parser().parse_args(sys.argv[1:])
+config = nemo.resolve_config(args.config)
+nemo.check_executor_gpus(args, config, load_config(str(config), []))
+ex = nemo.slurm_executor(run, args, config)
+print(ex.gpus_per_node, ex.container_image, ex.container_mounts)
+"""
+
+
+@pytest.mark.skipif(not LAUNCH_PYTHON.is_file(), reason="no launcher environment (.venv-launch)")
+@pytest.mark.parametrize("config, extra, env, expected", [
+    ("qwen3_14b", [], {}, "8 None []"),  # a GPU config: the planner's 8 GPUs per node
+    ("qwen3_14b", ["--gpus-per-node", "4"], {"MPC_CONTAINER": "nvcr.io/x/mpc:1"}, f"4 nvcr.io/x/mpc:1 ['{REPO}:{REPO}']"),
+    ("qwen3_14b", ["--container-image", "img.sqsh"], {"MPC_CONTAINER": "other"}, f"8 img.sqsh ['{REPO}:{REPO}']"),
+    ("tiny_cpu", [], {}, "None None []"),  # a CPU config asks for no GPUs
+])  # fmt: skip
+def test_the_slurm_executor_gets_the_gpus_per_node_and_the_container(config: str, extra: list[str], env: dict, expected: str) -> None:
+    proc = subprocess.run([str(LAUNCH_PYTHON), "-c", EXECUTOR, "--executor", "slurm", *extra, config], cwd=REPO,
+                          env=_no_gpu_env() | env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == expected
