@@ -17,6 +17,8 @@
 #   MPC_RAY_PORT       Ray head (GCS) port (default 6379)
 #   MPC_RAY_TMP        Ray's temp dir (default /tmp/ray-<job id>; must stay short)
 #   MPC_RAY_WAIT_S     seconds to wait for every node to join Ray (default 300)
+#   MPC_CONTAINER      an image: run every Python command in it through pyxis (slurm/lib/container.sh)
+#   MPC_CONTAINER_MOUNTS  more SRC:DST[,...] container mounts (models, data, a node-local cache)
 set -euo pipefail
 
 # The driver's half of the preemption contract (docs/slurm.md): after SIGUSR1 (or SIGTERM) it
@@ -35,6 +37,8 @@ config="$1"
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${MPC_VENV-$repo/.venv}"
+# In a container the image holds the environment; a host venv is used only if named.
+[ -z "${MPC_CONTAINER:-}" ] || venv="${MPC_VENV-}"
 if [ -n "$venv" ]; then
     [ -x "$venv/bin/megatron-pc" ] || die "MPC_VENV=$venv has no bin/megatron-pc (install the project, or set MPC_VENV)"
     export PATH="$venv/bin:$PATH"
@@ -73,20 +77,23 @@ ray_tmp="${MPC_RAY_TMP:-/tmp/ray-$job_id}"
 # characters more; Linux refuses socket paths over 107 characters.
 [ "${#ray_tmp}" -le 40 ] || die "MPC_RAY_TMP=$ray_tmp is ${#ray_tmp} characters; keep it <= 40 (socket paths <= 107)"
 
+# shellcheck source=slurm/lib/container.sh
+source "$repo/slurm/lib/container.sh"
+
 # --- 1. the layout plan: refuse a layout that cannot fit before any node does work ---------
 # Rule: a job without GPUs (gpus per node 0, e.g. the tiny CPU run) has no GPU layout to plan;
 # its config is still fully validated by `megatron-pc config`.
 if [ "$gpus_per_node" -gt 0 ]; then
     say "planning $config for $nodes nodes x $gpus_per_node GPUs"
     plan_rc=0
-    megatron-pc plan "$config" --nodes "$nodes" --gpus-per-node "$gpus_per_node" "${overrides[@]}" || plan_rc=$?
+    "${in_image[@]}" megatron-pc plan "$config" --nodes "$nodes" --gpus-per-node "$gpus_per_node" "${overrides[@]}" || plan_rc=$?
     if [ "$plan_rc" -ne 0 ]; then
         say "the planner refused this layout (exit $plan_rc): see the 'refused:' lines above; nothing was started"
         exit "$plan_rc"
     fi
 else
     say "no GPUs in this job: skipping the GPU layout plan, validating the config only"
-    megatron-pc config "$config" "${overrides[@]}" > /dev/null
+    "${in_image[@]}" megatron-pc config "$config" "${overrides[@]}" > /dev/null
 fi
 
 # --- 2. who is the head, who are the workers ------------------------------------------------
@@ -105,14 +112,15 @@ fi
 ray_address="$head_ip:$ray_port"
 
 ray_node_args=(--temp-dir="$ray_tmp" --num-cpus="$cpus_per_node" --num-gpus="$gpus_per_node" --disable-usage-stats)
-head_cmd=(ray start --head --node-ip-address="$head_ip" --port="$ray_port" --include-dashboard=false "${ray_node_args[@]}")
+head_cmd=("${head_step[@]}" ray start --head --node-ip-address="$head_ip" --port="$ray_port" --include-dashboard=false "${ray_node_args[@]}" "${ray_head_args[@]}")
 srun_args=(--nodes=1 --ntasks=1 --cpus-per-task="$cpus_per_node")
 # A step sees only the GPUs it asks for; the Ray worker must see all of its node's.
 [ "$gpus_per_node" -eq 0 ] || srun_args+=(--gpus-per-node="$gpus_per_node")
+srun_args+=("${worker_image_args[@]}")
 worker_cmd=(ray start --address="$ray_address" "${ray_node_args[@]}" --block)
-wait_cmd=(python "$repo/slurm/lib/wait_for_ray.py" --address="$ray_address" --nodes="$nodes"
+wait_cmd=("${in_image[@]}" python "$repo/slurm/lib/wait_for_ray.py" --address="$ray_address" --nodes="$nodes"
           --gpus="$((nodes * gpus_per_node))" --timeout="${MPC_RAY_WAIT_S:-300}")
-train_cmd=(megatron-pc train "$config" "run_dir=$run_dir" "${overrides[@]}")
+train_cmd=("${in_image[@]}" megatron-pc train "$config" "run_dir=$run_dir" "${overrides[@]}")
 
 if [ "$dry_run" = 1 ]; then
     echo "== dry run (MPC_DRY_RUN=1): nothing is started =="
@@ -145,7 +153,8 @@ cleanup() {
         while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 30 ]; do sleep 1; waited=$((waited + 1)); done
         kill -KILL "$pid" 2>/dev/null || true
     done
-    ray stop > /dev/null 2>&1 || say "ray stop failed on the head; processes may linger until the job ends"
+    # In a container the head is a job step like the workers, stopped with them above.
+    [ -n "$container" ] || ray stop > /dev/null 2>&1 || say "ray stop failed on the head; processes may linger until the job ends"
 }
 trap cleanup EXIT
 
@@ -176,8 +185,14 @@ if [ "$RAY_AUTH_MODE" = token ] && [ -z "${RAY_AUTH_TOKEN:-}" ] && [ -z "${RAY_A
     export RAY_AUTH_TOKEN
 fi
 
-say "starting the Ray head at $ray_address (temp dir $ray_tmp)"
-"${head_cmd[@]}"
+say "starting the Ray head at $ray_address (temp dir $ray_tmp)${container:+ in $container}"
+if [ -n "$container" ]; then
+    # `ray start --block` in its own step: a step's processes end when the step does.
+    "${head_cmd[@]}" &
+    worker_pids+=("$!")
+else
+    "${head_cmd[@]}"
+fi
 for node in "${workers[@]}"; do
     say "starting a Ray worker on $node"
     srun "${srun_args[@]}" -w "$node" "${worker_cmd[@]}" &

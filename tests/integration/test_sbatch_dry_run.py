@@ -210,3 +210,33 @@ def test_driver_failure_code_is_the_job_code_and_nothing_is_requeued(spy_bin: Pa
     assert any(c.startswith("megatron-pc train") and "allocation.strategy=grpo" in c for c in calls)
     assert calls[-1] == "ray stop"
     assert not any(c.startswith("scontrol") for c in calls)
+
+
+def test_dry_run_with_mpc_container_puts_every_python_command_in_the_image_through_pyxis(
+    cluster: Cluster, spy_bin: Path, tmp_path: Path
+) -> None:
+    image = "nvcr.io#nvidia/pytorch:26.01-py3"
+    env = _job_env(cluster, spy_bin, tmp_path, MPC_DRY_RUN="1", MPC_CONTAINER=image, MPC_CONTAINER_MOUNTS="/models:/models", SLURMD_NODENAME="h200-1")
+    proc = _bash("pc_14b", env)
+    assert proc.returncode == 0, proc.stderr
+    run_root = tmp_path / "runs"
+    mounts = f"--container-mounts={REPO}:{REPO},{run_root}:{run_root},/models:/models"
+    in_image = f"--overlap --nodes=1 --ntasks=1 -w h200-1 --container-image={image} {mounts} --container-workdir={REPO}"
+    # The planner ran in the image on the head node (srun is the stand-in, so it printed no plan).
+    assert _spied(tmp_path) == [f"srun {in_image} megatron-pc plan {REPO}/configs/qwen3_14b.yaml --nodes 8 --gpus-per-node 8 allocation.strategy=pilot_commit"]
+    out = proc.stdout.replace("\\#", "#").replace("\\,", ",")  # the dry run prints commands shell-quoted
+    # The head holds the node's CPUs and GPUs in its own step and blocks (a step's processes end with it).
+    head = f"srun --overlap --nodes=1 --ntasks=1 -w h200-1 --cpus-per-task=96 --gpus-per-node=8 --container-image={image} {mounts}"
+    assert head in out and "ray start --head" in out and "--disable-usage-stats --block" in out
+    workers = [line for line in out.splitlines() if "ray start --address=" in line]
+    assert len(workers) == 7
+    assert all(f"--gpus-per-node=8 --container-image={image} {mounts} --container-workdir={REPO} -w h200-" in w for w in workers)
+    assert f"srun {in_image} python {REPO}/slurm/lib/wait_for_ray.py" in out
+    assert "RAY_ADDRESS=" in out and f"srun {in_image} megatron-pc train {REPO}/configs/qwen3_14b.yaml" in out
+    assert not run_root.exists()  # a dry run makes no directory, not even the one to mount
+
+
+def test_without_mpc_container_no_command_goes_through_pyxis(cluster: Cluster, spy_bin: Path, tmp_path: Path) -> None:
+    proc = _bash("pc_14b", _job_env(cluster, spy_bin, tmp_path, MPC_DRY_RUN="1"))
+    assert proc.returncode == 0, proc.stderr
+    assert "--container-" not in proc.stdout and "--overlap" not in proc.stdout
