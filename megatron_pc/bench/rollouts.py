@@ -45,7 +45,7 @@ from megatron_pc.bench.variants import UPDATE_RULES, VARIANTS, UpdateRule, parse
 from megatron_pc.errors import MegatronPCError
 
 ABLATIONS = ("grpo_matched", "pc_sized")
-DEFAULTS = {"steps": 100, "validate_every": 10, "val_size": 640}
+DEFAULTS = {"steps": 70, "validate_every": 7, "val_size": 640}
 """The benchmark's run length and validation (docs/benchmarks.md, "A cheaper benchmark"): 640
 prompts keep a validation's standard error at or under 0.5 / sqrt(640) = 0.0198."""
 DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
