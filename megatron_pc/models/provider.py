@@ -68,7 +68,7 @@ def block_spec(arch: HFArch, config, use_te: bool | None = None):  # -> Transfor
     return TransformerBlockSubmodules(layer_specs=[layer_spec(arch, use_te)] * layers, layer_norm=norm)
 
 
-def transformer_config(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype):  # -> TransformerConfig
+def transformer_config(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype, sequence_parallel: bool = False):  # -> TransformerConfig
     """The Megatron TransformerConfig equivalent to ``arch`` (dropout off: RL needs exact
     log-probs, and CPU has no CUDA RNG for dropout anyway)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -93,6 +93,7 @@ def transformer_config(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        sequence_parallel=sequence_parallel,  # training.sequence_parallel (TP > 1 only)
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -115,12 +116,12 @@ def transformer_config(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype
 
 
 def build_gpt_model(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype, use_te: bool | None = None,
-                    vp_stage: int | None = None):  # -> GPTModel
+                    vp_stage: int | None = None, sequence_parallel: bool = False):  # -> GPTModel
     """The GPTModel of this rank's pipeline stage and TP shard."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
-    config = transformer_config(arch, tp, pp, params_dtype)
+    config = transformer_config(arch, tp, pp, params_dtype, sequence_parallel)
     model = GPTModel(
         config=config,
         transformer_layer_spec=block_spec(arch, config, use_te),

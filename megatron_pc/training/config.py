@@ -39,6 +39,30 @@ class TrainingConfig:
     that share) and a GRPO step 4."""
     micro_batch_tokens: int = 4096
     """Token budget of one packed micro-batch."""
+    logprob_chunk_tokens: int | None = 1024
+    """Positions whose fp32 log-softmax is computed at once (megatron_pc/training/logprobs.py):
+    the full fp32 logits of a micro-batch are never held, only ``logprob_chunk_tokens`` x
+    vocabulary / TP x 4 bytes, three times (0.6 GB at 1,024 tokens of Qwen's 151,936-word
+    vocabulary at TP 1). The bf16 logits and their gradient are still held whole. None: one
+    chunk of the whole micro-batch (the memory of an unchunked implementation)."""
+    sequence_parallel: bool | None = None
+    """Megatron sequence parallelism: norms, dropout and the residual stream hold seq / TP
+    tokens per rank, so activations outside attention and the MLP shrink by TP. None: on when
+    TP > 1 on a GPU (gloo, the CPU backend, has no reduce-scatter of tensors, so CPU runs keep
+    it off). Micro-batches are padded to a multiple of TP when on."""
+    offload_grads: bool | None = None
+    """Free the fp32 gradient buffer (4 bytes a local parameter) while the engines generate;
+    it is zeroed at the start of every update anyway, so nothing is copied. None: on when
+    colocated (engines and policy share the devices), off when split."""
+    offload_optimizer: bool | None = None
+    """Move Adam's fp32 master weights and moments (12 bytes a local parameter, / DP with the
+    distributed optimizer) to host memory while the engines generate, back before the next
+    update. None: on when colocated, off when split. Ignored for fp32 parameters (there the
+    optimizer's parameters are the model's, which generation's weight sync reads)."""
+    empty_cache: bool | None = None
+    """Return the caching allocator's free blocks to the device (torch.cuda.empty_cache)
+    before the engines wake: what the update freed stays reserved by torch otherwise, and the
+    engines cannot have it. None: on when colocated, off when split."""
     clip_low: float = 0.2
     """PPO ratio clip below 1 (eps_low)."""
     clip_high: float = 0.28
@@ -85,6 +109,8 @@ class TrainingConfig:
     validation accuracy is their mean. A greedy accuracy is reported beside it."""
 
     def __post_init__(self) -> None:
+        if self.logprob_chunk_tokens is not None and self.logprob_chunk_tokens < 1:
+            raise ConfigError("logprob_chunk_tokens", f"must be >= 1 (or null for one chunk), got {self.logprob_chunk_tokens}")
         for name in ("steps", "mini_batch", "micro_batch_tokens", "validate_every", "save_every", "keep_checkpoints", "val_samples"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
@@ -105,3 +131,26 @@ class TrainingConfig:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ConfigError("tis_cap", f"must be > 0 (or null to disable), got {self.tis_cap}")
+
+    def memory_settings(self, colocated: bool, tensor_parallel: int, on_gpu: bool) -> MemorySettings:
+        """The memory settings with every None resolved for this placement and device."""
+        default = colocated
+        return MemorySettings(
+            logprob_chunk_tokens=self.logprob_chunk_tokens,
+            sequence_parallel=self.sequence_parallel if self.sequence_parallel is not None else tensor_parallel > 1 and on_gpu,
+            offload_grads=self.offload_grads if self.offload_grads is not None else default,
+            offload_optimizer=self.offload_optimizer if self.offload_optimizer is not None else default,
+            empty_cache=self.empty_cache if self.empty_cache is not None else default,
+        )
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """:class:`TrainingConfig`'s memory fields resolved (no None but the chunk size): what the
+    worker does and what ``megatron-pc plan`` counts. See the fields of TrainingConfig."""
+
+    logprob_chunk_tokens: int | None
+    sequence_parallel: bool
+    offload_grads: bool
+    offload_optimizer: bool
+    empty_cache: bool

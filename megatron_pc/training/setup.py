@@ -22,13 +22,17 @@ def params_dtype(model_cfg: ModelConfig) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[model_cfg.params_dtype]
 
 
-def build_model(arch: HFArch, model_cfg: ModelConfig, trainable: bool) -> torch.nn.Module:
+def build_model(arch: HFArch, model_cfg: ModelConfig, trainable: bool, sequence_parallel: bool = False) -> torch.nn.Module:
     """This rank's GPTModel; wrapped in Megatron DDP when it will be trained (the Megatron
-    optimizer reads the DDP gradient buffers, and DDP reduces gradients over DP)."""
+    optimizer reads the DDP gradient buffers, and DDP reduces gradients over DP).
+    ``sequence_parallel`` (TP > 1 only) splits the sequence over the TP ranks outside the
+    attention and MLP blocks."""
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    model = build_gpt_model(arch, model_cfg.tensor_parallel, model_cfg.pipeline_parallel, params_dtype(model_cfg))
+    sequence_parallel = sequence_parallel and model_cfg.tensor_parallel > 1
+    model = build_gpt_model(arch, model_cfg.tensor_parallel, model_cfg.pipeline_parallel, params_dtype(model_cfg),
+                            sequence_parallel=sequence_parallel)
     if not trainable:
         model.eval()
         return model

@@ -4,6 +4,7 @@ the policy loss (forward + backward). The same schedule runs TP/PP/DP = 1 and > 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -24,18 +25,36 @@ def _forward(data: Iterator[MicroBatch], model: torch.nn.Module) -> tuple[torch.
     return output, mb
 
 
-def _logprob_outputs(mb: MicroBatch, vocab_size: int, logits: torch.Tensor,
+def pad_to_multiple(mb: MicroBatch, multiple: int) -> MicroBatch:
+    """``mb`` right-padded so its length is a multiple of ``multiple`` (sequence parallelism
+    splits the sequence over the TP ranks). Padded positions have mask 0: they train nothing,
+    and causal attention keeps them out of every real position."""
+    length = mb.input_ids.shape[1]
+    extra = -length % multiple
+    if not extra:
+        return mb
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, extra))
+
+    positions = torch.arange(length + extra).expand(mb.input_ids.shape[0], -1).contiguous()
+    return replace(mb, input_ids=pad(mb.input_ids), position_ids=positions, targets=pad(mb.targets), mask=pad(mb.mask),
+                   extras={k: pad(v) for k, v in mb.extras.items()})
+
+
+def _logprob_outputs(mb: MicroBatch, vocab_size: int, chunk_tokens: int | None, logits: torch.Tensor,
                      non_loss_data: bool = False) -> dict[str, Any]:
-    logprobs, entropy = vocab_parallel_logprobs(logits, mb.targets.to(logits.device), vocab_size)
+    logprobs, entropy = vocab_parallel_logprobs(logits, mb.targets.to(logits.device), vocab_size, chunk_tokens=chunk_tokens)
     return {"index": mb.index, "logprobs": logprobs.detach().cpu(), "entropy": entropy.detach().cpu()}
 
 
-def logprob_step(vocab_size: int) -> Callable:
-    """forward_step_func whose (non-loss) output per micro-batch is its log-probs and entropy."""
+def logprob_step(vocab_size: int, chunk_tokens: int | None = None) -> Callable:
+    """forward_step_func whose (non-loss) output per micro-batch is its log-probs and entropy
+    (computed ``chunk_tokens`` positions at a time: training.logprob_chunk_tokens)."""
 
     def step(data: Iterator[MicroBatch], model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
         output, mb = _forward(data, model)
-        return output, partial(_logprob_outputs, mb, vocab_size)
+        return output, partial(_logprob_outputs, mb, vocab_size, chunk_tokens)
 
     return step
 
@@ -49,7 +68,7 @@ def _policy_loss(mb: MicroBatch, ctx: dict[str, Any], logits: torch.Tensor) -> t
     cfg: TrainingConfig = ctx["cfg"]
     mask = mb.mask.to(logits.device)
     logprobs, entropy = vocab_parallel_logprobs(logits, mb.targets.to(logits.device), ctx["vocab_size"],
-                                                with_entropy=True)
+                                                with_entropy=True, chunk_tokens=cfg.logprob_chunk_tokens)
     current = logprobs.detach()
     old = _filled(mb.extras.get("old_logprobs"), current, mask)
     loss, metrics = ctx["loss_fn"](

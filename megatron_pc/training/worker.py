@@ -22,6 +22,7 @@ from megatron_pc.models.hf_weights import load_hf_weights
 from megatron_pc.training import steps
 from megatron_pc.training.batching import MicroBatch, Sequence, loss_denominator, micro_batches
 from megatron_pc.training.config import TrainingConfig
+from megatron_pc.training.memory import offload_for_generation, reload_for_training
 from megatron_pc.training.setup import build_model, build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -39,13 +40,19 @@ class ReferenceWorker:
 
     trainable = False
 
-    def __init__(self, model_cfg: ModelConfig, arch: HFArch | None = None, micro_batch_tokens: int = 4096) -> None:
+    def __init__(self, model_cfg: ModelConfig, arch: HFArch | None = None, micro_batch_tokens: int = 4096,
+                 logprob_chunk_tokens: int | None = TrainingConfig.logprob_chunk_tokens,
+                 sequence_parallel: bool | None = TrainingConfig.sequence_parallel) -> None:
         from megatron.core import parallel_state as ps
 
         self.model_cfg = model_cfg
         self.arch = arch or load_arch(model_cfg.path)
         self.micro_batch_tokens = micro_batch_tokens
-        self.model = build_model(self.arch, model_cfg, trainable=self.trainable)
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        if sequence_parallel is None:
+            sequence_parallel = model_cfg.tensor_parallel > 1 and torch.cuda.is_available()
+        self.sequence_parallel = sequence_parallel
+        self.model = build_model(self.arch, model_cfg, trainable=self.trainable, sequence_parallel=sequence_parallel)
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
 
     @property
@@ -67,6 +74,14 @@ class ReferenceWorker:
             forward_only=forward_only, collect_non_loss_data=forward_only,
         )
 
+    def _micro_batches(self, seqs: list[Sequence], token_budget: int) -> list[MicroBatch]:
+        """``seqs`` packed into micro-batches; with sequence parallelism each is right-padded
+        to a multiple of TP (the sequence is split over the TP ranks)."""
+        mbs = micro_batches(seqs, token_budget)
+        if self.sequence_parallel:
+            mbs = [steps.pad_to_multiple(mb, self.model_cfg.tensor_parallel) for mb in mbs]
+        return mbs
+
     def _local(self, seqs: list[Sequence]) -> list[int]:
         return list(range(self.dp_rank, len(seqs), self.dp_size))
 
@@ -81,8 +96,9 @@ class ReferenceWorker:
     @torch.no_grad()
     def local_logprobs(self, seqs: list[Sequence]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(log-probs, entropy) of this DP rank's own ``seqs``, on every rank of its DP group."""
-        mbs = micro_batches(seqs, self.micro_batch_tokens)
-        outputs = self._schedule(steps.logprob_step(self.arch.vocab_size), mbs, forward_only=True) if mbs else []
+        mbs = self._micro_batches(seqs, self.micro_batch_tokens)
+        step_fn = steps.logprob_step(self.arch.vocab_size, self.logprob_chunk_tokens)
+        outputs = self._schedule(step_fn, mbs, forward_only=True) if mbs else []
         mine: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for out in outputs:
             for row, i in enumerate(out["index"]):
@@ -131,11 +147,13 @@ class PolicyWorker(ReferenceWorker):
 
     def __init__(self, model_cfg: ModelConfig, train_cfg: TrainingConfig, arch: HFArch | None = None,
                  loss_fn: steps.LossFn | None = None) -> None:
-        super().__init__(model_cfg, arch, train_cfg.micro_batch_tokens)
+        super().__init__(model_cfg, arch, train_cfg.micro_batch_tokens, train_cfg.logprob_chunk_tokens,
+                         train_cfg.sequence_parallel)
         self.train_cfg = train_cfg
         self.loss_fn = loss_fn or default_loss_fn()
         self.optimizer, self.scheduler = build_optimizer(self.model, model_cfg, train_cfg)
         self.step = 0
+        self._offloaded: dict[str, Any] = {}
 
     def load_hf(self, model_dir: str | Path | None = None) -> None:
         """Load HF weights, then refresh the optimizer's copies of them (the distributed and
@@ -160,9 +178,10 @@ class PolicyWorker(ReferenceWorker):
         Every DP rank must have at least one sequence. Returns global metrics."""
         if not seqs:
             raise ValueError(f"data-parallel rank {self.dp_rank} has no sequence in this update")
+        self.reload_for_training()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        mbs = micro_batches(seqs, self.train_cfg.micro_batch_tokens)
+        mbs = self._micro_batches(seqs, self.train_cfg.micro_batch_tokens)
         step_fn = steps.train_step_fn(self.train_cfg, self.loss_fn, self.arch.vocab_size, denominator, len(mbs), self.dp_size)
         outputs = self._schedule(step_fn, mbs, forward_only=False)
         lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this update used
@@ -173,6 +192,21 @@ class PolicyWorker(ReferenceWorker):
         loss = float(sum(o["loss"] for o in outputs)) if outputs else 0.0
         return {"loss": sum(_share_all(loss)) / loss_scale, "grad_norm": float(grad_norm or 0.0), "update_ok": float(bool(ok)),
                 "lr": lr, **_token_means(outputs)}
+
+
+    def offload_for_generation(self, colocated: bool = True) -> dict[str, float]:
+        """Before colocated engines wake: free the gradient buffer, move the optimizer state to
+        host memory and empty the allocator cache, as ``training.offload_grads`` /
+        ``offload_optimizer`` / ``empty_cache`` say for this placement. Returns GB of device
+        memory reserved before and after (0 on CPU). The next update (or
+        :meth:`reload_for_training`) brings everything back."""
+        settings = self.train_cfg.memory_settings(colocated, self.model_cfg.tensor_parallel, torch.cuda.is_available())
+        return offload_for_generation(self, settings)
+
+    def reload_for_training(self) -> None:
+        """Bring back what :meth:`offload_for_generation` moved; a no-op when nothing is away.
+        ``train_local`` calls it first, so a driver that never offloads pays nothing."""
+        reload_for_training(self)
 
 
 # Per-token loss metrics (megatron_pc.algo.losses) reported as means over the update's tokens.
