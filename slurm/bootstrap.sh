@@ -138,6 +138,13 @@ if [ "$dry_run" = 1 ]; then
     exit 0
 fi
 
+# A CPU build of torch on GPU nodes would run CPU ranks of a GPU model: stop before Ray starts.
+if [ "$gpus_per_node" -gt 0 ]; then
+    job_prefix="$(python -c 'import sys; print(sys.prefix)' 2>/dev/null || echo "${venv:-the python on PATH}")"
+    python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
+        die "this job has $gpus_per_node GPUs per node, but torch in $job_prefix cannot use CUDA (a CPU build, or no torch): make a GPU environment with \`bash scripts/install.sh --gpu\` and point MPC_VENV at it"
+fi
+
 # --- 3. Ray, with cleanup on every way out --------------------------------------------------
 worker_pids=()
 driver_pid=""
