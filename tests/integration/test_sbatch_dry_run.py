@@ -240,3 +240,47 @@ def test_without_mpc_container_no_command_goes_through_pyxis(cluster: Cluster, s
     proc = _bash("pc_14b", _job_env(cluster, spy_bin, tmp_path, MPC_DRY_RUN="1"))
     assert proc.returncode == 0, proc.stderr
     assert "--container-" not in proc.stdout and "--overlap" not in proc.stdout
+
+
+# pyxis stand-in: record the srun options, then run the command itself (exec, so signals reach it).
+PASS_THROUGH_SRUN = """#!/usr/bin/env bash
+opts=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -w) opts+=("$1" "$2"); shift 2 ;;
+        -*) opts+=("$1"); shift ;;
+        *) break ;;
+    esac
+done
+echo "srun ${opts[*]} -- $1" >> "$SPY_LOG"
+exec "$@"
+"""
+
+
+def test_container_job_runs_each_step_in_the_image_and_usr1_still_checkpoints_and_requeues(spy_bin: Path, tmp_path: Path) -> None:
+    (spy_bin / "srun").write_text(PASS_THROUGH_SRUN)
+    env = _cpu_job_env(spy_bin, tmp_path, MPC_CONTAINER="registry#megatron-pc:gpu", SLURMD_NODENAME="n1")
+    job = subprocess.Popen(["bash", "slurm/pc_tiny_cpu.sbatch"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = tmp_path / "spy.log.driver-ready"
+        deadline = time.monotonic() + 30
+        while not ready.exists() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists(), "the fake driver never started"
+        job.send_signal(signal.SIGUSR1)
+        _, err = job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode == 75, err
+    calls = _spied(tmp_path)
+    steps = [c for c in calls if c.startswith("srun ")]
+    # config check, Ray head (in the background, so in any order), wait, driver: each a step in
+    # the image on the head node.
+    assert sorted(s.split(" -- ")[1] for s in steps) == ["megatron-pc", "megatron-pc", "python", "ray"]
+    assert all("--overlap" in s and "-w n1" in s and "--container-image=registry#megatron-pc:gpu" in s for s in steps)
+    assert any(c.startswith("ray start --head") and c.endswith("--block") for c in calls)
+    assert "driver got USR1" in calls and calls[-1] == "scontrol requeue 777"
+    assert "ray stop" not in calls  # the head is a step, stopped like a worker
+    assert "in registry#megatron-pc:gpu" in err
