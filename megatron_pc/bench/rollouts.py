@@ -188,6 +188,9 @@ def check_same_config(config: str, job: Job, overrides: list[str]) -> None:
     for flat in (saved, current):
         if isinstance(flat.get("data.validation"), str):
             flat["data.validation"] = str(Path(flat["data.validation"]).resolve())
+    # A setting removed since the run was made (e.g. rollout.logprob_gap_max) has no current
+    # value to differ from; what the run did under it is in its metrics.
+    saved = {k: v for k, v in saved.items() if k in current}
     changed = config_changes(saved, current)
     if changed:
         details = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:5])

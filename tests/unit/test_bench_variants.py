@@ -109,3 +109,20 @@ def test_the_kept_one_update_runs_read_as_equal_1_and_are_reused_by_an_equal_1_b
         assert bench.finished_steps(job.run_dir) == 150
     # The same runs are not taken for the reference rule: those go to their own directories.
     assert all(not job.run_dir.exists() for job in _jobs(out, "--update-rule", "reference", "--variants", "none").values())
+
+
+def test_the_report_shows_each_labels_rule_and_variant(tmp_path: Path) -> None:
+    from megatron_pc.bench.report import summarize
+    from megatron_pc.bench.report_format import markdown
+
+    runs = [load_run(KEPT / label / "seed_0", regime="hard", strategy=name, seed=0, variant=variant)
+            for label, name, variant in (("pilot_commit", "pilot_commit", "none"), ("grpo", "grpo", "none"), ("pc_history", "pc_history", "pc_history"))]  # fmt: skip
+    summary = summarize(runs)
+    regime = summary["regimes"]["hard"]
+    assert [(r["strategy"], r["update_rule"], r["variant"]) for r in regime["runs"]] == [
+        ("pilot_commit", "equal/1", "none"), ("grpo", "equal/1", "none"), ("pc_history", "equal/1", "pc_history")]  # fmt: skip
+    assert {n: (f["update_rule"], f["variant"], f["updates_per_step"]) for n, f in regime["strategies"].items()} == {
+        "pilot_commit": ("equal/1", "none", 1.0), "grpo": ("equal/1", "none", 1.0), "pc_history": ("equal/1", "pc_history", 1.0)}  # fmt: skip
+    report = markdown(summary, [])
+    assert "| target | pilot_commit [equal/1] | grpo [equal/1] | pc_history [equal/1] | grpo/PC | pc_history/PC |" in report
+    assert "| grpo | equal/1 | none | 1 |" in report
