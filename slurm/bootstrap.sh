@@ -140,8 +140,9 @@ fi
 
 # A CPU build of torch on GPU nodes would run CPU ranks of a GPU model: stop before Ray starts.
 if [ "$gpus_per_node" -gt 0 ]; then
-    job_prefix="$(python -c 'import sys; print(sys.prefix)' 2>/dev/null || echo "${venv:-the python on PATH}")"
-    python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
+    # In a container: in the image, in a step that sees the node's GPUs (head_step; empty otherwise).
+    job_prefix="$("${head_step[@]}" python -c 'import sys; print(sys.prefix)' 2>/dev/null || echo "${venv:-the python on PATH}")"
+    "${head_step[@]}" python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
         die "this job has $gpus_per_node GPUs per node, but torch in $job_prefix cannot use CUDA (a CPU build, or no torch): make a GPU environment with \`bash scripts/install.sh --gpu\` and point MPC_VENV at it"
 fi
 

@@ -284,3 +284,16 @@ def test_container_job_runs_each_step_in_the_image_and_usr1_still_checkpoints_an
     assert "driver got USR1" in calls and calls[-1] == "scontrol requeue 777"
     assert "ray stop" not in calls  # the head is a step, stopped like a worker
     assert "in registry#megatron-pc:gpu" in err
+
+
+def test_container_gpu_job_checks_cuda_in_the_image_in_a_step_that_sees_the_gpus(spy_bin: Path, tmp_path: Path) -> None:
+    (spy_bin / "srun").write_text(PASS_THROUGH_SRUN)
+    env = _cpu_job_env(spy_bin, tmp_path, MPC_CONTAINER="registry#megatron-pc:gpu", SLURMD_NODENAME="n1",
+                       SLURM_GPUS_ON_NODE="8", SLURM_CPUS_ON_NODE="96", FAKE_DRIVER_EXIT="0")  # fmt: skip
+    proc = _bash("pc_1.5b", env)
+    assert proc.returncode == 0, proc.stderr
+    calls = _spied(tmp_path)
+    # The stand-in python (the image's) was asked about CUDA right after the srun of a GPU step.
+    cuda = next(i for i, c in enumerate(calls) if c.startswith("python -c import sys, torch"))
+    assert calls[cuda - 1].startswith("srun --overlap --nodes=1 --ntasks=1 -w n1 --cpus-per-task=96 --gpus-per-node=8 --container-image=registry#megatron-pc:gpu")
+    assert any(c.startswith("megatron-pc train") for c in calls[cuda:])  # the check came before the driver
