@@ -2,30 +2,10 @@
 
 :func:`plan_layout` is pure: from a model shape and a :class:`Layout` it checks that the policy
 (Megatron TP x PP x DP) and the vLLM engines (engines x engine TP) fit the GPUs and divide the
-model, and estimates memory per GPU. :func:`main` reads the project config and prints the plan.
-
-Memory model (GB = 10^9 bytes; an estimate to catch layouts that cannot work, not a profiler):
-
-- policy weights: the parameters of the largest pipeline stage / TP, in ``params_dtype``
-  (``auto`` plans as bf16, the GPU default). A stage holds layers / PP layers plus one
-  vocabulary matrix (both embedding and output layer when PP = 1 and they are not tied).
-- gradients: Megatron's fp32 main-grad buffer, 4 bytes per local parameter.
-- optimizer: Adam fp32 master weights (bf16 params only) + 2 fp32 moments, 12 (or 8) bytes
-  per local parameter, divided by DP with the distributed optimizer.
-- activations: per token and layer, with flash attention, no recomputation and sequence
-  parallelism (TP > 1), the layer keeps about ``4h + 2q + 2kv + 3i`` bf16 values (norm
-  inputs and outputs, Q/K/V, attention output, SwiGLU gate/up/product; h hidden, q and kv
-  the query and key/value widths, i the MLP width) / TP, close to the 34h bytes of Korthikanti
-  et al. 2022 for a 4h MLP. With 1F1B the first stage holds PP micro-batches of layers / PP
-  layers, i.e. all layers' worth; so: micro_batch_tokens x layers x per-layer bytes.
-- logits: micro_batch_tokens x vocab / TP x 6 bytes (bf16 logits and their fp32 log-softmax).
-- runtime: a fixed 4 GB for the CUDA context, NCCL buffers and allocator slack.
-- vLLM: ``gpu_memory_utilization`` x GPU memory per engine GPU: bf16 weights / engine TP, the
-  rest KV cache (2 x layers x KV heads per GPU x head_dim x 2 bytes per token).
-
-Colocated: policy and engines share every GPU; engines sleep (weights offloaded, KV cache
-freed) during training, the policy stays resident during generation, so both phases are
-checked. Split: policy GPUs and engine GPUs are disjoint pools, each checked on its own.
+model, and reckons the memory of each phase of a step per GPU, and the host memory per node
+(megatron_pc/launch/memory_model.py: every term with its formula or assumption). A phase over
+90% of the memory torch reports for the device is refused. :func:`main` reads the project
+config and prints the plan.
 """
 
 from __future__ import annotations
@@ -36,13 +16,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron_pc.launch import memory_model as mm
 from megatron_pc.launch.models_table import ModelShape, load_model_shape
 
 
-GB = 1e9
-RUNTIME_OVERHEAD_GB = 4.0
-"""CUDA context, NCCL buffers and allocator slack per GPU process (approximate)."""
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+DEFAULT_HOST_MEMORY_GIB = 2048.0
+"""Host memory of one node: a DGX H200 has 2 TB."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +33,8 @@ class Layout:
     """SLURM nodes."""
     gpus_per_node: int
     """GPUs on each node."""
-    gpu_memory_gb: float
-    """Memory of one GPU in GB (141: H200)."""
+    device: mm.Device
+    """The GPU, with the total memory torch reports for it."""
     placement: str
     """``colocated`` (policy and engines on every GPU) or ``split`` (disjoint pools)."""
     tensor_parallel: int
@@ -68,7 +48,7 @@ class Layout:
     engine_tensor_parallel: int
     """TP of each engine."""
     gpu_memory_utilization: float
-    """vLLM's fraction of a GPU's memory."""
+    """vLLM's fraction of the whole device."""
     micro_batch_tokens: int
     """Token budget of one training micro-batch."""
     sequence_tokens: int
@@ -76,7 +56,23 @@ class Layout:
     params_bytes: int = 2
     """Bytes per policy parameter (2 bf16, 4 fp32)."""
     distributed_optimizer: bool = True
-    """Optimizer states sharded over DP (Megatron's distributed optimizer)."""
+    """Optimizer states sharded over DP (Megatron's distributed optimizer, on when DP > 1)."""
+    logprob_chunk_tokens: int | None = 1024
+    """training.logprob_chunk_tokens."""
+    sequence_parallel: bool | None = None
+    """training.sequence_parallel; None: on when TP > 1 (the GPU default)."""
+    offload_grads: bool | None = None
+    """training.offload_grads; None: on when colocated."""
+    offload_optimizer: bool | None = None
+    """training.offload_optimizer; None: on when colocated."""
+    empty_cache: bool | None = None
+    """training.empty_cache; None: on when colocated."""
+    sync_bucket_mb: int = 64
+    """rollout.sync_bucket_mb."""
+    reference_model: bool = False
+    """A reference model runs (training.kl_coef > 0)."""
+    host_memory_gib: float = DEFAULT_HOST_MEMORY_GIB
+    """Host memory of one node."""
 
     @property
     def gpus(self) -> int:
@@ -93,32 +89,42 @@ class Layout:
         """GPUs of the engines: engines x engine TP."""
         return self.engines * self.engine_tensor_parallel
 
-
-@dataclass
-class MemoryColumn:
-    """Memory of one kind of GPU (or one phase on shared GPUs): named terms in GB."""
-
-    name: str
-    """``training phase`` / ``generation phase`` (colocated), ``policy GPU`` / ``engine GPU`` (split)."""
-    terms: dict[str, float] = field(default_factory=dict)
-    """Term description -> GB per GPU."""
-
     @property
-    def total(self) -> float:
-        """Sum of the terms in GB."""
-        return sum(self.terms.values())
+    def colocated(self) -> bool:
+        """Policy and engines share every GPU."""
+        return self.placement == "colocated"
+
+    def memory_inputs(self) -> mm.MemoryInputs:
+        """The memory model's inputs, every None setting resolved for this placement on GPUs."""
+        def default(value: bool | None, fallback: bool) -> bool:
+            return fallback if value is None else value
+
+        return mm.MemoryInputs(
+            tensor_parallel=self.tensor_parallel, pipeline_parallel=self.pipeline_parallel,
+            data_parallel=self.data_parallel, engine_tensor_parallel=self.engine_tensor_parallel,
+            gpu_memory_utilization=self.gpu_memory_utilization, micro_batch_tokens=self.micro_batch_tokens,
+            sequence_tokens=self.sequence_tokens, colocated=self.colocated, params_bytes=self.params_bytes,
+            distributed_optimizer=self.distributed_optimizer, logprob_chunk_tokens=self.logprob_chunk_tokens,
+            sequence_parallel=default(self.sequence_parallel, self.tensor_parallel > 1),
+            offload_grads=default(self.offload_grads, self.colocated),
+            offload_optimizer=default(self.offload_optimizer, self.colocated),
+            empty_cache=default(self.empty_cache, self.colocated),
+            sync_bucket_mb=self.sync_bucket_mb, reference_model=self.reference_model,
+        )
 
 
 @dataclass
 class PlanReport:
-    """Result of :func:`plan_layout`: the layout, per-GPU memory, and why it is refused if it is."""
+    """Result of :func:`plan_layout`: the layout, memory per phase, and why it is refused if it is."""
 
     model: ModelShape
     """The model planned for."""
     layout: Layout
     """The layout checked."""
-    columns: list[MemoryColumn]
-    """Memory per GPU, one column per kind of GPU or phase."""
+    phases: list[mm.Phase]
+    """Memory per GPU in each phase of a step (colocated: one GPU; split: each pool's)."""
+    host: mm.Phase
+    """Host memory of one node."""
     kv_cache_tokens: int
     """Tokens the KV cache of one engine holds (0 when the weights do not fit)."""
     problems: list[str]
@@ -172,111 +178,104 @@ def check_gpu_counts(layout: Layout) -> list[str]:
     return []
 
 
-def policy_memory(model: ModelShape, layout: Layout) -> tuple[dict[str, float], dict[str, float]]:
-    """Per-GPU memory of the policy in GB: (resident terms, terms only while training)."""
-    tp, pp, dp = layout.tensor_parallel, layout.pipeline_parallel, layout.data_parallel
-    vocab_matrices = 2 if pp == 1 and not model.tied_embeddings else 1
-    stage_params = math.ceil(model.layers / pp) * model.layer_params + vocab_matrices * model.embedding_params
-    local = stage_params / tp
-    dtype = "bf16" if layout.params_bytes == 2 else "fp32"
-    master = 4 if layout.params_bytes == 2 else 0
-    shards = dp if layout.distributed_optimizer else 1
-    sharding = f"sharded over DP={dp}" if layout.distributed_optimizer else "replicated, not distributed"
-    resident = {
-        f"policy weights ({dtype})": local * layout.params_bytes / GB,
-        "policy gradients (fp32 main grads)": local * 4 / GB,
-        f"optimizer states (Adam fp32 master + 2 moments, {sharding})": local * (master + 8) / shards / GB,
-        "runtime (CUDA context, NCCL, slack)": RUNTIME_OVERHEAD_GB,
-    }
-    q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
-    per_token_layer = 2 * (4 * model.hidden + 2 * q + 2 * kv + 3 * model.intermediate) / tp
-    tokens = layout.micro_batch_tokens
-    training = {
-        f"activations ({tokens} tokens x {model.layers} layers)": tokens * model.layers * per_token_layer / GB,
-        "logits (bf16 + fp32 log-softmax)": tokens * model.vocab / tp * 6 / GB,
-    }
-    return resident, training
-
-
-def engine_memory(model: ModelShape, layout: Layout) -> tuple[dict[str, float], int, list[str]]:
-    """Per-GPU memory of a vLLM engine in GB, the KV-cache tokens per engine, and problems."""
-    etp = layout.engine_tensor_parallel
-    budget = layout.gpu_memory_utilization * layout.gpu_memory_gb
-    weights = model.total_params * 2 / etp / GB
-    kv_heads_per_gpu = max(1, model.kv_heads // etp)
-    kv_bytes_per_token = 2 * model.layers * kv_heads_per_gpu * model.head_dim * 2
-    kv = max(0.0, budget - weights)
-    tokens = int(kv * GB // kv_bytes_per_token)
-    problems = []
-    if weights >= budget:
-        problems.append(
-            f"vLLM weights ({weights:.1f} GB per GPU at engine TP={etp}) do not fit in rollout.gpu_memory_utilization="
-            f"{layout.gpu_memory_utilization} x {layout.gpu_memory_gb:g} GB = {budget:.1f} GB"
-        )
-    elif tokens < layout.sequence_tokens:
-        problems.append(
+def check_engines(model: ModelShape, layout: Layout) -> tuple[int, list[str]]:
+    """KV-cache tokens of one engine, and the problems of its budget."""
+    m = layout.memory_inputs()
+    total = layout.device.total_gib
+    weights, _, tokens = mm.kv_cache_tokens(model, m, total)
+    budget = m.gpu_memory_utilization * total
+    if weights + mm.ENGINE_RESERVE_GIB >= budget:
+        return 0, [
+            f"vLLM weights ({weights:.1f} GiB per GPU at engine TP={m.engine_tensor_parallel}) + {mm.ENGINE_RESERVE_GIB:g} GiB "
+            f"of activations and graphs do not fit in rollout.gpu_memory_utilization={m.gpu_memory_utilization} x "
+            f"{total:.1f} GiB = {budget:.1f} GiB"
+        ]
+    if tokens < layout.sequence_tokens:
+        return tokens, [
             f"vLLM KV cache holds {tokens} tokens per engine, fewer than one sequence of "
             f"rollout.max_model_len={layout.sequence_tokens} tokens (vLLM refuses to start)"
-        )
-    terms = {f"vLLM weights (bf16, engine TP={etp})": weights, "vLLM KV cache": kv}
-    return terms, tokens, problems
+        ]
+    return tokens, []
 
 
-def check_memory(columns: list[MemoryColumn], gpu_memory_gb: float) -> list[str]:
-    """A column over the GPU memory is refused, naming its largest term."""
+def check_phases(phases: list[mm.Phase], limit_gib: float, what: str) -> list[str]:
+    """A phase over ``limit_gib`` is refused, naming its largest term."""
     problems = []
-    for column in columns:
-        if column.total > gpu_memory_gb:
-            term, size = max(column.terms.items(), key=lambda kv: kv[1])
+    for phase in phases:
+        if phase.total > limit_gib:
+            term = max(phase.terms, key=lambda t: t.gib)
             problems.append(
-                f"{column.name}: {column.total:.1f} GB per GPU does not fit in {gpu_memory_gb:g} GB; "
-                f"largest term: {term} = {size:.1f} GB"
+                f"{phase.name}: {phase.total:.1f} GiB does not fit in {mm.LIMIT:.0%} of {what} = {limit_gib:.1f} GiB; "
+                f"largest term: {term.name} = {term.gib:.1f} GiB"
             )
     return problems
 
 
+def _per_node(layout: Layout) -> tuple[int, int]:
+    """(policy GPUs, engine GPUs) on the busiest node."""
+    if layout.colocated:
+        return layout.gpus_per_node, layout.gpus_per_node
+    policy = min(layout.policy_gpus, layout.gpus_per_node)
+    return policy, layout.gpus_per_node - policy
+
+
 def plan_layout(model: ModelShape, layout: Layout) -> PlanReport:
-    """Check ``layout`` for ``model`` and estimate memory per GPU (see the module docstring)."""
+    """Check ``layout`` for ``model`` and reckon its memory (megatron_pc/launch/memory_model.py)."""
     problems = check_gpu_counts(layout) + check_divisibility(model, layout)
-    resident, training = policy_memory(model, layout)
-    engine, kv_tokens, engine_problems = engine_memory(model, layout)
-    if layout.placement == "colocated":
-        columns = [
-            MemoryColumn("training phase", {**resident, **training}),
-            MemoryColumn("generation phase", {**resident, **engine}),
-        ]
-    else:
-        columns = [MemoryColumn("policy GPU", {**resident, **training}), MemoryColumn("engine GPU", engine)]
-    problems += engine_problems + check_memory(columns, layout.gpu_memory_gb)
-    return PlanReport(model, layout, columns, kv_tokens, problems)
+    m = layout.memory_inputs()
+    total = layout.device.total_gib
+    phases = (mm.colocated_phases if layout.colocated else mm.split_phases)(model, m, total)
+    host = mm.host_phase(model, m, layout.gpus_per_node, *_per_node(layout))
+    kv_tokens, engine_problems = check_engines(model, layout)
+    problems += engine_problems + check_phases(phases, mm.LIMIT * total, f"{layout.device.name}'s {total:.1f} GiB")
+    problems += check_phases([host], mm.LIMIT * layout.host_memory_gib, f"the node's {layout.host_memory_gib:g} GiB")
+    return PlanReport(model, layout, phases, host, kv_tokens, problems)
+
+
+def _settings_lines(m: mm.MemoryInputs) -> list[str]:
+    on = {True: "on", False: "off"}
+    chunk = m.logprob_chunk_tokens or "whole micro-batch"
+    return [
+        f"settings sequence_parallel {on[m.sequence_parallel]}, logprob_chunk_tokens {chunk}, offload_grads "
+        f"{on[m.offload_grads and m.colocated]}, offload_optimizer {on[m.offload_optimizer and m.colocated]}, empty_cache "
+        f"{on[m.empty_cache and m.colocated]}, sync_bucket_mb {m.sync_bucket_mb}",
+    ]
+
+
+def _phase_lines(phase: mm.Phase, capacity_gib: float) -> list[str]:
+    width = max(len(t.name) for t in phase.terms)
+    lines = [f"{phase.name}: {phase.total:.1f} GiB = {phase.total / capacity_gib:.0%} of {capacity_gib:.1f} GiB"]
+    lines += [f"  {t.name:<{width}} {t.gib:7.2f}   {t.how}" for t in phase.terms]
+    return lines
 
 
 def render(report: PlanReport) -> str:
-    """The plan as text: layout lines, then a per-GPU memory table with one column per kind."""
+    """The plan as text: layout lines, then each phase with its terms, then host memory."""
     m, lay = report.model, report.layout
+    inputs = lay.memory_inputs()
     optimizer = "distributed optimizer" if lay.distributed_optimizer else "replicated optimizer"
+    device = lay.device
     lines = [
         f"model    {m.name}: {m.total_params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
         f"{m.heads} heads / {m.kv_heads} KV heads",
-        f"cluster  {lay.nodes} nodes x {lay.gpus_per_node} GPUs = {lay.gpus} GPUs of {lay.gpu_memory_gb:g} GB, {lay.placement}",
+        f"cluster  {lay.nodes} nodes x {lay.gpus_per_node} GPUs = {lay.gpus} GPUs, {lay.placement}",
+        f"device   {device.name}: {device.total_gib:.1f} GiB as torch reports it ({device.source}); limit {mm.LIMIT:.0%} a phase",
         f"policy   TP={lay.tensor_parallel} PP={lay.pipeline_parallel} DP={lay.data_parallel} = {lay.policy_gpus} GPUs, "
         f"{optimizer}, micro-batch {lay.micro_batch_tokens} tokens",
         f"engines  {lay.engines} x TP={lay.engine_tensor_parallel} = {lay.engine_gpus} GPUs, gpu_memory_utilization "
-        f"{lay.gpu_memory_utilization}, KV cache {report.kv_cache_tokens} tokens per engine "
+        f"{lay.gpu_memory_utilization} of the whole device, KV cache {report.kv_cache_tokens} tokens per engine "
         f"({report.kv_cache_tokens // lay.sequence_tokens} sequences of {lay.sequence_tokens})",
+        *_settings_lines(inputs),
         "",
+        "peak memory per GPU in each phase (GiB):",
     ]
-    names = list(dict.fromkeys(name for column in report.columns for name in column.terms))
-    width = max(len(n) for n in names + ["memory per GPU (GB)"])
-    header = "memory per GPU (GB)".ljust(width) + "".join(f"  {c.name:>17}" for c in report.columns)
-    lines += [header, "-" * len(header)]
-    for name in names:
-        cells = "".join(f"  {c.terms[name]:>17.1f}" if name in c.terms else f"  {'-':>17}" for c in report.columns)
-        lines.append(name.ljust(width) + cells)
-    lines.append("-" * len(header))
-    lines.append("total".ljust(width) + "".join(f"  {c.total:>17.1f}" for c in report.columns))
-    lines.append(f"{'GPU memory':<{width}}" + "".join(f"  {lay.gpu_memory_gb:>17.1f}" for _ in report.columns))
-    lines.append("")
+    for phase in report.phases:
+        lines += _phase_lines(phase, device.total_gib)
+    lines += ["", *_phase_lines(report.host, lay.host_memory_gib), "",
+              f"assumed: {mm.POLICY_RUNTIME_GIB:g} GiB runtime per policy process, {mm.SLEEPING_ENGINE_GIB:g} GiB per sleeping "
+              f"vLLM worker, {mm.ENGINE_RESERVE_GIB:g} GiB of vLLM activations and graphs in its budget, "
+              f"{mm.HOST_PROCESS_GIB:g} GiB host RSS per process; flash attention (Transformer Engine) on the GPU; "
+              "not counted: activation gradients in flight, allocator fragmentation (the 10% left)", ""]
     lines.append("fits" if report.fits else "REFUSED")
     return "\n".join(lines)
 
@@ -289,7 +288,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("config", help="experiment YAML file, or the name of one in configs/")
     parser.add_argument("--nodes", type=int, default=1, help="SLURM nodes (default 1)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
-    parser.add_argument("--gpu-memory-gb", type=float, default=None, help="GB per GPU (default: cluster.gpu_memory_gb, 141 = H200)")
+    parser.add_argument("--gpu-memory-gb", type=float, default=None,
+                        help="the device by its nominal GB (default: cluster.gpu_memory_gb; 141 = H200, 80 = H100); "
+                             "a figure not in the table is taken as exact 10^9 bytes")
+    parser.add_argument("--device", choices=list(mm.DEVICES), default=None, help="the device by name (overrides --gpu-memory-gb)")
+    parser.add_argument("--host-memory-gib", type=float, default=DEFAULT_HOST_MEMORY_GIB,
+                        help=f"host memory of one node (default {DEFAULT_HOST_MEMORY_GIB:g}: a DGX H200)")
     parser.add_argument("--no-distributed-optimizer", action="store_true", help="plan optimizer states replicated on every DP rank")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.tensor_parallel=4")
     return parser
@@ -306,10 +310,12 @@ def layout_from_args(args: argparse.Namespace) -> tuple[ModelShape, Layout]:
     from megatron_pc.config import load_config
 
     cfg = load_config(_config_path(args.config), args.overrides)
+    gb = args.gpu_memory_gb if args.gpu_memory_gb is not None else cfg.cluster.gpu_memory_gb
+    t = cfg.training
     layout = Layout(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
-        gpu_memory_gb=args.gpu_memory_gb if args.gpu_memory_gb is not None else cfg.cluster.gpu_memory_gb,
+        device=mm.device_for(gb, args.device),
         placement=cfg.cluster.placement,
         tensor_parallel=cfg.model.tensor_parallel,
         pipeline_parallel=cfg.model.pipeline_parallel,
@@ -320,7 +326,15 @@ def layout_from_args(args: argparse.Namespace) -> tuple[ModelShape, Layout]:
         micro_batch_tokens=cfg.training.micro_batch_tokens,
         sequence_tokens=cfg.rollout.max_model_len,
         params_bytes=4 if cfg.model.params_dtype == "float32" else 2,
-        distributed_optimizer=not args.no_distributed_optimizer,
+        distributed_optimizer=cfg.cluster.data_parallel > 1 and not args.no_distributed_optimizer,
+        logprob_chunk_tokens=t.logprob_chunk_tokens,
+        sequence_parallel=t.sequence_parallel,
+        offload_grads=t.offload_grads,
+        offload_optimizer=t.offload_optimizer,
+        empty_cache=t.empty_cache,
+        sync_bucket_mb=cfg.rollout.sync_bucket_mb,
+        reference_model=t.kl_coef > 0,
+        host_memory_gib=args.host_memory_gib,
     )
     return load_model_shape(cfg.model.path), layout
 
@@ -335,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     if args.gpu_memory_gb is not None and args.gpu_memory_gb <= 0:
         parser.error("--gpu-memory-gb must be > 0")
+    if args.host_memory_gib <= 0:
+        parser.error("--host-memory-gib must be > 0")
     model, layout = layout_from_args(args)
     report = plan_layout(model, layout)
     print(render(report))

@@ -6,10 +6,17 @@ are restored only at the same layout (elsewhere they mean nothing).
 
 Layout: ``DIR/config.json`` (the HF architecture, so ``score --load DIR`` can rebuild the
 model) and Megatron's files in ``DIR`` itself.
+
+Loading is strict: a key the model asks for that the checkpoint lacks (missing), or a key of
+the checkpoint that the model does not ask for (unexpected), stops the load with
+:class:`CheckpointMismatchError` naming every such key. A checkpoint of another architecture
+(a bias, a norm, a renamed layer) would otherwise resume with freshly initialised tensors in
+silence. Only the keys of :data:`ALLOWED_MISMATCH` may differ.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import shutil
@@ -19,7 +26,76 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_pc.errors import MegatronPCError
+
 logger = logging.getLogger(__name__)
+
+ALLOWED_MISMATCH: dict[str, str] = {
+    "*._extra_state": "Transformer Engine layers keep FP8 metadata in ``_extra_state`` and local "
+                      "(non-TE) layers keep none: a checkpoint written by one build loads in the other",
+    "*._extra_state/*": "the same extra state, stored as one object per shard",
+    "rng_state*": "RNG states are restored at the same layout only (elsewhere they mean nothing)",
+}
+"""fnmatch pattern of a key that may be missing or unexpected -> why. Anything else refuses."""
+MODEL_ONLY_IGNORED = ("optimizer.*", "optimizer/*", "rng_state*")
+"""Checkpoint keys that are not the model's (the optimizer's and the RNG's): the model's keys
+are compared without them."""
+
+
+class CheckpointMismatchError(MegatronPCError, RuntimeError):
+    """The checkpoint's keys and the model's differ beyond :data:`ALLOWED_MISMATCH`."""
+
+
+def _refused(keys: set[str] | list[str]) -> list[str]:
+    return sorted(k for k in keys if not any(fnmatch.fnmatchcase(k, p) for p in ALLOWED_MISMATCH))
+
+
+def check_keys(path: str | Path, missing: set[str] | list[str], unexpected: set[str] | list[str]) -> None:
+    """Raise :class:`CheckpointMismatchError` naming the keys that are missing from the
+    checkpoint at ``path`` or unexpected in it, except the allowed ones."""
+    bad_missing, bad_unexpected = _refused(missing), _refused(unexpected)
+    if not bad_missing and not bad_unexpected:
+        return
+    parts = []
+    if bad_missing:
+        parts.append(f"missing from the checkpoint (the model has them): {', '.join(bad_missing)}")
+    if bad_unexpected:
+        parts.append(f"unexpected in the checkpoint (the model has no such key): {', '.join(bad_unexpected)}")
+    raise CheckpointMismatchError(
+        f"checkpoint {path} does not match the model ({len(bad_missing)} keys missing, {len(bad_unexpected)} "
+        f"unexpected): " + "; ".join(parts)
+        + ". Resume with the architecture it was saved from (its config.json), or start a new run."
+    )
+
+
+def _model_keys(worker: Any) -> set[str]:
+    """The sharded keys the model asks a checkpoint for (factories expanded, as a load does)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedBase, apply_factories
+
+    fresh = worker.module.sharded_state_dict()  # views of the weights: nothing is copied
+    apply_factories(fresh)
+    return {v.key for v in nested_values(fresh) if isinstance(v, ShardedBase)}
+
+
+def check_model_keys(worker: Any, path: str | Path) -> None:
+    """Compare the model's sharded keys with the checkpoint's model keys before anything is
+    read (Megatron's own non-strict load drops the model's missing keys and then fails deep in
+    the optimizer's state with no name). The optimizer's keys follow the model's parameters,
+    so a model that matches has an optimizer state that matches."""
+    from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
+
+    in_checkpoint = {k for k in load_sharded_metadata(str(path))
+                     if not any(fnmatch.fnmatchcase(k, p) for p in MODEL_ONLY_IGNORED)}
+    wanted = _model_keys(worker)
+    check_keys(path, wanted - in_checkpoint, in_checkpoint - wanted)
+
+
+def _load_module(worker: Any, model_state: dict[str, Any], path: str | Path) -> None:
+    """Copy the loaded tensors into the module, refusing any state-dict key left over."""
+    result = worker.module.load_state_dict(model_state, strict=False)
+    check_keys(path, result.missing_keys, result.unexpected_keys)
+
 
 MARKER = "megatron_pc_checkpoint.json"
 
@@ -117,8 +193,9 @@ def load_model_only(worker: Any, path: str | Path) -> None:
     """Load only the model weights (reference worker, scoring), at any TP/PP."""
     from megatron.core import dist_checkpointing
 
+    check_model_keys(worker, path)
     loaded = dist_checkpointing.load({"model": worker.module.sharded_state_dict()}, str(path))
-    worker.module.load_state_dict(loaded["model"], strict=False)
+    _load_module(worker, loaded["model"], path)
     if hasattr(worker, "optimizer"):
         worker.optimizer.reload_model_params()
 
@@ -127,13 +204,14 @@ def load_checkpoint(worker: Any, path: str | Path) -> None:
     """Restore model, optimizer, schedule, step and (same layout only) RNG of a PolicyWorker."""
     from megatron.core import dist_checkpointing
 
+    check_model_keys(worker, path)
     saved_layout = json.loads((Path(path) / MARKER).read_text())["layout"]
     state = _state(worker, is_loading=True, with_optimizer=True)
     same_layout = saved_layout == _layout()
     if same_layout:
         state["rng"] = _rng_object(None)
     loaded = dist_checkpointing.load(state, str(path))
-    worker.module.load_state_dict(loaded["model"], strict=False)
+    _load_module(worker, loaded["model"], path)
     worker.optimizer.load_state_dict(loaded["optimizer"])
     worker.scheduler.load_state_dict(loaded["scheduler"])
     worker.step = int(loaded["step"])

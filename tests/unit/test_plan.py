@@ -10,6 +10,7 @@ import pytest
 
 from megatron_pc.cli import main as cli_main
 from megatron_pc.cluster.config import ClusterConfig
+from megatron_pc.launch import memory_model as mm
 from megatron_pc.launch.models_table import KNOWN_MODELS, load_model_shape
 from megatron_pc.launch.plan import Layout, plan_layout
 from megatron_pc.errors import ConfigError
@@ -24,7 +25,7 @@ training: {micro_batch_tokens: 16384}
 
 # The same 14B layout as a plain Layout, for the pure function.
 LAYOUT_14B = Layout(
-    nodes=8, gpus_per_node=8, gpu_memory_gb=141.0, placement="colocated",
+    nodes=8, gpus_per_node=8, device=mm.DEVICES["H200"], placement="colocated",
     tensor_parallel=2, pipeline_parallel=1, data_parallel=32, engines=32, engine_tensor_parallel=2,
     gpu_memory_utilization=0.5, micro_batch_tokens=16384, sequence_tokens=9216,
 )  # fmt: skip
@@ -47,7 +48,9 @@ def test_qwen3_14b_colocated_on_8_nodes_of_8_h200_fits_and_prints_the_plan(confi
     assert "Qwen3-14B: 14.77B parameters" in out
     assert "TP=2 PP=1 DP=32 = 64 GPUs" in out
     assert "32 x TP=2 = 64 GPUs" in out
-    assert "memory per GPU (GB)" in out and "training phase" in out and "generation phase" in out
+    for phase in ("policy update", "old log-probs", "engines awake, generating", "weight sync", "sync check", "host memory per node"):
+        assert f"\n{phase}: " in out, phase
+    assert "H200: 140.4 GiB as torch reports it" in out
     assert out.rstrip().endswith("fits")
     assert err == ""
 
@@ -57,8 +60,9 @@ def test_tp1_pp1_with_replicated_optimizer_on_one_gpu_is_refused_naming_the_opti
     assert plan(config_14b, "--nodes", "1", "--gpus-per-node", "1", "--no-distributed-optimizer", *overrides) == 2
     out, err = capsys.readouterr()
     assert "REFUSED" in out
-    assert "training phase: 396.2 GB per GPU does not fit in 141 GB" in err
-    assert "largest term: optimizer states (Adam fp32 master + 2 moments, replicated, not distributed) = 177.2 GB" in err
+    # 14.77B parameters on one GPU: 12 B each of Adam state alone is 165 GiB.
+    assert "policy update: 365.3 GiB does not fit in 90% of H200's 140.4 GiB = 126.4 GiB" in err
+    assert "largest term: optimizer states (replicated) = 165.0 GiB" in err
 
 
 def test_tp_not_dividing_kv_heads_is_refused_naming_them(config_14b: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,8 +74,11 @@ def test_tp_not_dividing_kv_heads_is_refused_naming_them(config_14b: Path, capsy
 
 
 def test_gpu_memory_flag_refuses_the_14b_layout_on_80_gb_gpus(config_14b: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 80 names the H100 (79.6 GiB): 0.5 of it for vLLM beside the policy's 14 GiB of weights fits,
+    # but the update (activations of 16,384 tokens) does not.
     assert plan(config_14b, "--nodes", "8", "--gpu-memory-gb", "80") == 2
-    assert "training phase: 114.2 GB per GPU does not fit in 80 GB" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "policy update: " in err and "does not fit in 90% of H100's 79.6 GiB = 71.7 GiB" in err
 
 
 def test_colocated_policy_must_cover_every_gpu(config_14b: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,7 +92,8 @@ def test_split_pools_fit_when_their_sum_fits_the_cluster() -> None:
     split = replace(LAYOUT_14B, placement="split", data_parallel=16, engines=16)
     report = plan_layout(KNOWN_MODELS["Qwen3-14B"], split)
     assert report.fits, report.problems
-    assert [c.name for c in report.columns] == ["policy GPU", "engine GPU"]
+    assert [p.name for p in report.phases] == ["policy update", "old log-probs", "weight sync (policy GPU)", "sync check (policy GPU)",
+                                              "engines generating (engine GPU)", "weight sync (engine GPU)"]
     over = plan_layout(KNOWN_MODELS["Qwen3-14B"], replace(split, engines=17))
     assert over.problems == ["split: policy TP x PP x DP = 2 x 1 x 16 = 32 GPUs + engines x engine TP = 17 x 2 = 34 GPUs = 66 GPUs, but the cluster has 8 x 8 = 64"]
 
@@ -117,7 +125,8 @@ def test_vllm_weights_larger_than_its_memory_fraction_are_refused() -> None:
     report = plan_layout(KNOWN_MODELS["Qwen3-14B"], layout)
     assert report.kv_cache_tokens == 0
     assert report.problems == [
-        "vLLM weights (29.5 GB per GPU at engine TP=1) do not fit in rollout.gpu_memory_utilization=0.2 x 141 GB = 28.2 GB"
+        "vLLM weights (27.5 GiB per GPU at engine TP=1) + 2 GiB of activations and graphs do not fit in "
+        "rollout.gpu_memory_utilization=0.2 x 140.4 GiB = 28.1 GiB"
     ]
 
 
@@ -131,15 +140,15 @@ def test_kv_cache_smaller_than_one_sequence_is_refused() -> None:
 def test_distributed_optimizer_divides_optimizer_states_by_data_parallel() -> None:
     model = KNOWN_MODELS["Qwen3-8B"]
 
-    def optimizer_gb(layout: Layout) -> float:
-        terms = plan_layout(model, layout).columns[0].terms
-        return next(v for k, v in terms.items() if k.startswith("optimizer states"))
+    def optimizer_gib(layout: Layout) -> float:
+        terms = plan_layout(model, layout).phases[0].terms
+        return next(t.gib for t in terms if t.name.startswith("optimizer states"))
 
-    sharded = optimizer_gb(LAYOUT_14B)
-    replicated = optimizer_gb(replace(LAYOUT_14B, distributed_optimizer=False))
+    sharded = optimizer_gib(LAYOUT_14B)
+    replicated = optimizer_gib(replace(LAYOUT_14B, distributed_optimizer=False))
     assert replicated == pytest.approx(32 * sharded)
     # bf16 params: 12 bytes per local parameter (fp32 master + two moments), ~half the model per GPU at TP=2.
-    assert replicated == pytest.approx(12 * model.total_params / 2 / 1e9, rel=0.02)
+    assert replicated == pytest.approx(12 * model.total_params / 2 / 2**30, rel=0.02)
 
 
 @pytest.mark.parametrize(
