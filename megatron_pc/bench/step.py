@@ -89,7 +89,7 @@ def run_strategy(config: str, strategy: str, overrides: list[str], steps: int | 
 def run_mfu(rows: list[dict[str, Any]], cfg: Any, peak: dict[str, Any]) -> dict[str, float]:
     """Median MFU of each phase over a run's steps, against the peak of the devices (GPUs, or CPU
     threads) the phase ran on."""
-    from megatron_pc.launch.models_table import load_model_shape
+    from megatron_pc.models.shapes import load_model_shape
     from megatron_pc.metrics.mfu import step_mfu
 
     shape = load_model_shape(str(cfg.model.path))

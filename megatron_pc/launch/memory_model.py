@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from megatron_pc.launch.models_table import ModelShape
+from megatron_pc.models.shapes import ModelShape
 from megatron_pc.training.logprobs import FP32_CHUNK_TEMPORARIES
 
 GiB = 2**30

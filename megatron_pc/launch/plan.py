@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron_pc.launch import memory_model as mm
-from megatron_pc.launch.models_table import ModelShape, load_model_shape
+from megatron_pc.models.shapes import ModelShape, load_model_shape
 
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_pc.errors import MegatronPCError
-from megatron_pc.launch.models_table import ModelShape
+from megatron_pc.models.shapes import ModelShape
 from megatron_pc.metrics.mfu import PEAK_TFLOPS, forward_flops
 
 PAPER_STEP_RATIOS = {"grpo": 1.21, "dapo": 1.83}
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print the projection."""
     from megatron_pc.config import load_config
     from megatron_pc.config_cli import split_config_args
-    from megatron_pc.launch.models_table import load_model_shape
+    from megatron_pc.models.shapes import load_model_shape
 
     args = _parser().parse_intermixed_args(argv)
     config, overrides = split_config_args(args.config, args.overrides)

@@ -1,6 +1,6 @@
 """Model FLOPs utilisation (MFU) of each phase of a step, and the device peaks it is measured against.
 
-FLOPs are counted analytically from the model's shape (:class:`megatron_pc.launch.models_table.ModelShape`):
+FLOPs are counted analytically from the model's shape (:class:`megatron_pc.models.shapes.ModelShape`):
 * every token passes through every weight matrix once per forward pass: ``2 x P`` FLOPs, P the
   parameters of the Q/K/V/O projections, the SwiGLU MLP of every layer and the output layer
   (the input embedding is a lookup, norms are ignored);
@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from megatron_pc.launch.models_table import ModelShape
+from megatron_pc.models.shapes import ModelShape
 
 PEAK_TFLOPS: dict[str, float] = {
     # Dense bf16 tensor-core TFLOP/s (without sparsity), SXM parts, from the NVIDIA data sheets.

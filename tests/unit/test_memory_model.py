@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from megatron_pc.launch import memory_model as mm
-from megatron_pc.launch.models_table import KNOWN_MODELS
+from megatron_pc.models.shapes import KNOWN_MODELS
 from megatron_pc.launch.plan import Layout, plan_layout
 
 GIB = 2**30

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_pc.launch.models_table import KNOWN_MODELS, ModelShape
+from megatron_pc.models.shapes import KNOWN_MODELS, ModelShape
 from megatron_pc.metrics.mfu import cpu_peak_flops, forward_flops, gpu_peak_flops, matmul_params, step_flops, step_mfu
 
 TOY = ModelShape("toy", layers=2, hidden=8, heads=2, kv_heads=1, intermediate=16, vocab=10, head_dim=4, tied_embeddings=True)

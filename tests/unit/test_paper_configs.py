@@ -23,7 +23,7 @@ import yaml
 
 from megatron_pc.algo.advantages import group_advantages
 from megatron_pc.cli import main as cli_main
-from megatron_pc.launch.models_table import load_model_shape
+from megatron_pc.models.shapes import load_model_shape
 from megatron_pc.config import Config, load_config, to_dict
 from megatron_pc.reward.pool import overlong_penalty
 

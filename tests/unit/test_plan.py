@@ -11,7 +11,7 @@ import pytest
 from megatron_pc.cli import main as cli_main
 from megatron_pc.cluster.config import ClusterConfig
 from megatron_pc.launch import memory_model as mm
-from megatron_pc.launch.models_table import KNOWN_MODELS, load_model_shape
+from megatron_pc.models.shapes import KNOWN_MODELS, load_model_shape
 from megatron_pc.launch.plan import Layout, plan_layout
 from megatron_pc.errors import ConfigError
 

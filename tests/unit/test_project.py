@@ -9,7 +9,7 @@ import pytest
 
 from megatron_pc.cli import main
 from megatron_pc.config import load_config
-from megatron_pc.launch.models_table import KNOWN_MODELS
+from megatron_pc.models.shapes import KNOWN_MODELS
 from megatron_pc.launch.project import Assumptions, project, rollouts_per_step
 
 CONFIG = "configs/qwen3_14b.yaml"

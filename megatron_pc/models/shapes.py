@@ -1,5 +1,6 @@
-"""Model shapes for the cluster planner: read from a Hugging Face config.json, or from a table of
-known architectures when the model is not on this machine (planning happens before download).
+"""Model shapes (for the planner, the projection and FLOP counting): read from a Hugging Face
+config.json, or from a table of known architectures when the model is not on this machine
+(planning happens before download).
 
 Table values are copied from each model's published config.json on the Hugging Face Hub
 (num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, intermediate_size,
