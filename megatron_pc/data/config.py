@@ -10,6 +10,7 @@ from typing import Any, Literal
 from megatron_pc.data.builtin import BUILTIN_SOURCES
 from megatron_pc.data.formats import AUTO, FORMATS
 from megatron_pc.errors import ConfigError
+from megatron_pc.fields import from_dict
 
 BUILTIN_PREFIX = "builtin:"
 _FILE_SUFFIXES = (".jsonl", ".parquet")
@@ -110,8 +111,6 @@ def _validation_sets(items: list[Any]) -> list[ValidationSet]:
     errors of every union member into one message under ``validation``; here an error names
     the item's field (``validation[1].n``).
     """
-    from megatron_pc.config import from_dict  # the loader imports this module
-
     if not items:
         raise ConfigError("validation", "must list at least one set (or be null to split one off the source)")
     sets: list[ValidationSet] = []
