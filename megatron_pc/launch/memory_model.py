@@ -198,10 +198,12 @@ def activations_term(model: ModelShape, m: MemoryInputs, layers: int, label: str
     tokens = m.micro_batch_tokens
     terms = [Term(f"activations ({label})", _gib(tokens * layers * per), f"{tokens} tokens x {layers} layer(s) x {how}")]
     if not m.flash_attention:
-        # Unfused attention keeps the scores and the softmax: [heads/TP, s, s] each, per layer.
-        scores = 2 * (model.heads / m.tensor_parallel) * tokens * tokens * m.params_bytes
+        # Unfused attention keeps the scores and the softmax, [heads/TP, s, s] per row and layer:
+        # at most tokens x the longest row (rollout.max_model_len) per micro-batch.
+        row = min(tokens, m.sequence_tokens)
+        scores = 2 * (model.heads / m.tensor_parallel) * tokens * row * m.params_bytes
         terms.append(Term(f"attention scores ({label}, unfused)", _gib(scores * layers),
-                          f"2 x {model.heads}/{m.tensor_parallel} heads x {tokens}^2 x {m.params_bytes} B x {layers} layers"))
+                          f"2 x {model.heads}/{m.tensor_parallel} heads x {tokens} tokens x {row} x {m.params_bytes} B x {layers} layers"))
     return terms
 
 
