@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from conversion.errors import ConversionError
+from megatron_pc.errors import ConversionError
 
 
 @dataclass(frozen=True)

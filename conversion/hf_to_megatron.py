@@ -28,12 +28,11 @@ from pathlib import Path
 import torch
 
 from conversion import common
-from conversion.errors import ConversionError
-from conversion.safetensors_io import HFReader
-from megatron_pc.errors import ConfigError, MegatronPCError
-from megatron_pc.models import name_maps
+from megatron_pc.errors import ConfigError, ConversionError, MegatronPCError
+from megatron_pc.models import hf_check, name_maps
 from megatron_pc.models.hf_config import HFArch, check_parallel_sizes
 from megatron_pc.models.provider import padded_vocab_size
+from megatron_pc.models.safetensors_read import HFReader
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +46,9 @@ def _staged(tensor: torch.Tensor, path: Path) -> torch.Tensor:
     return mapped.view(tensor.shape)
 
 
-def _converted(reader: HFReader, item: common.Item, arch: HFArch, shapes: name_maps.Shapes) -> torch.Tensor:
+def _converted(reader: HFReader, item: hf_check.Item, arch: HFArch, shapes: name_maps.Shapes) -> torch.Tensor:
     """The full Megatron tensor of ``item`` from its HF tensors, shapes checked first."""
-    meta = torch.empty(common.full_shape(item, arch, shapes), device="meta")
+    meta = torch.empty(hf_check.full_shape(item, arch, shapes), device="meta")
     expected = {n: tuple(t.shape) for n, t in name_maps.hf_tensors(item.entry, item.layer, meta, shapes)}
     parts = [reader.get(name, expected[name]) for name in item.hf_names()]
     dtypes = {p.dtype for p in parts}
@@ -61,7 +60,7 @@ def _converted(reader: HFReader, item: common.Item, arch: HFArch, shapes: name_m
 def _sharded_state(reader: HFReader, arch: HFArch, shapes: name_maps.Shapes, dtype: torch.dtype | None,
                    staging: Path) -> dict:
     state = {}
-    for group in common.groups(arch):
+    for group in hf_check.groups(arch):
         for item in group:
             full = _converted(reader, item, arch, shapes)
             full = full if dtype is None else full.to(dtype)
@@ -78,12 +77,12 @@ def convert(hf_dir: str | Path, out: str | Path, tp: int = 1, pp: int = 1, dtype
     from megatron.core import dist_checkpointing
 
     hf_dir, out = Path(hf_dir), Path(out)
-    arch = common.check_hf_weights(hf_dir)  # every tensor there with its shape, and none the config leaves out
+    arch = hf_check.check_hf_weights(hf_dir)  # every tensor there with its shape, and none the config leaves out
     try:
         check_parallel_sizes(arch, tp, pp)
     except ConfigError as err:
         raise ConversionError(f"{hf_dir}: {err}") from None
-    shapes = common.shapes_for(arch, padded_vocab_size(arch.vocab_size, tp))
+    shapes = hf_check.shapes_for(arch, padded_vocab_size(arch.vocab_size, tp))
     target = None if dtype == "auto" else common.DTYPES[dtype]
     start = time.perf_counter()
     with common.output_dir(out, force) as tmp, HFReader(hf_dir) as reader, common.process_group():

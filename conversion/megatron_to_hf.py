@@ -23,23 +23,22 @@ from pathlib import Path
 import torch
 
 from conversion import common
-from conversion.errors import ConversionError
 from conversion.dcp_read import TensorInfo, read_chunks, read_metadata
 from conversion.safetensors_io import Planned, ShardedWriter, parse_size
-from megatron_pc.errors import MegatronPCError
-from megatron_pc.models import name_maps
+from megatron_pc.errors import ConversionError, MegatronPCError
+from megatron_pc.models import hf_check, name_maps
 from megatron_pc.models.hf_config import HFArch
 
 logger = logging.getLogger(__name__)
 
 
-def _check(items: list[common.Item], meta: dict[str, TensorInfo], arch: HFArch, shapes: name_maps.Shapes,
+def _check(items: list[hf_check.Item], meta: dict[str, TensorInfo], arch: HFArch, shapes: name_maps.Shapes,
            ckpt: Path) -> None:
     """Every tensor the config implies is in the checkpoint with the implied global shape."""
     for item in items:
         if item.key not in meta:
             raise ConversionError(f"{ckpt}: tensor {item.key!r} (for {item.name}) is missing from the checkpoint")
-        shape = common.full_shape(item, arch, shapes)
+        shape = hf_check.full_shape(item, arch, shapes)
         expected = shape if item.layer is None else (arch.num_layers, *shape)
         found = meta[item.key].shape
         if found != expected:
@@ -47,23 +46,23 @@ def _check(items: list[common.Item], meta: dict[str, TensorInfo], arch: HFArch, 
                                   f"implies {expected}")
 
 
-def _plan(groups: list[list[common.Item]], meta: dict, arch: HFArch, shapes: name_maps.Shapes) -> list[Planned]:
+def _plan(groups: list[list[hf_check.Item]], meta: dict, arch: HFArch, shapes: name_maps.Shapes) -> list[Planned]:
     """The HF tensors the export will produce, in order (from meta tensors: no data)."""
     plan = []
     for group in groups:
         for item in group:
-            meta_full = torch.empty(common.full_shape(item, arch, shapes), dtype=meta[item.key].dtype, device="meta")
+            meta_full = torch.empty(hf_check.full_shape(item, arch, shapes), dtype=meta[item.key].dtype, device="meta")
             for name, tensor in name_maps.hf_tensors(item.entry, item.layer, meta_full, shapes):
                 plan.append(Planned(name, tuple(tensor.shape), tensor.dtype))
     return plan
 
 
-def _load_group(ckpt: Path, group: list[common.Item], meta: dict[str, TensorInfo], arch: HFArch,
+def _load_group(ckpt: Path, group: list[hf_check.Item], meta: dict[str, TensorInfo], arch: HFArch,
                 shapes: name_maps.Shapes) -> dict[str, torch.Tensor]:
     """The full Megatron tensors of one group (a layer: its slice of each stacked key)."""
     out, requests = {}, {}
     for item in group:
-        shape = common.full_shape(item, arch, shapes)
+        shape = hf_check.full_shape(item, arch, shapes)
         out[item.name] = torch.empty(shape, dtype=meta[item.key].dtype)
         if item.layer is None:
             requests[item.key] = (out[item.name], (0,) * len(shape))
@@ -73,7 +72,7 @@ def _load_group(ckpt: Path, group: list[common.Item], meta: dict[str, TensorInfo
     return out
 
 
-def iter_checkpoint_hf_tensors(ckpt: Path, arch: HFArch, groups: list[list[common.Item]], meta: dict,
+def iter_checkpoint_hf_tensors(ckpt: Path, arch: HFArch, groups: list[list[hf_check.Item]], meta: dict,
                                shapes: name_maps.Shapes) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named tensors of the checkpoint, one layer loaded at a time."""
     for group in groups:
@@ -90,14 +89,14 @@ def convert(ckpt: str | Path, out: str | Path, hf_config: str | Path | None = No
     if not (config_dir / "config.json").is_file():
         raise ConversionError(f"{config_dir / 'config.json'} does not exist; pass --hf-config DIR (the HF "
                               "directory the checkpoint was made from)")
-    arch = common.read_arch(config_dir)
+    arch = hf_check.read_arch(config_dir)
     max_bytes = parse_size(max_shard_size)
     start = time.perf_counter()
     meta = read_metadata(ckpt)
     if name_maps.EMBEDDING.megatron not in meta:
         raise ConversionError(f"{ckpt}: tensor {name_maps.EMBEDDING.megatron!r} is missing from the checkpoint")
-    shapes = common.shapes_for(arch, meta[name_maps.EMBEDDING.megatron].shape[0])
-    groups = list(common.groups(arch))
+    shapes = hf_check.shapes_for(arch, meta[name_maps.EMBEDDING.megatron].shape[0])
+    groups = list(hf_check.groups(arch))
     _check([item for group in groups for item in group], meta, arch, shapes, ckpt)
     with common.output_dir(out, force) as tmp:
         writer = ShardedWriter(tmp, _plan(groups, meta, arch, shapes), max_bytes)

@@ -22,6 +22,11 @@ class ConfigError(MegatronPCError, ValueError):
         return ConfigError(f"{prefix}.{self.field}", self.rule)
 
 
+class ConversionError(MegatronPCError, ValueError):
+    """A model's files cannot be read or converted; the message names the file and, where there
+    is one, the tensor. Raised by the HF-weights check (``models/hf_check.py``) and the converters."""
+
+
 class DataError(MegatronPCError, ValueError):
     """A data file is malformed; the message names the file, the row and the field."""
 

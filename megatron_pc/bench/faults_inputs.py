@@ -153,7 +153,7 @@ MODEL_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
 
 
 def _model_dirs(tally: Any, work: Path) -> None:
-    from conversion.common import check_hf_weights
+    from megatron_pc.models.hf_check import check_hf_weights
 
     good = tiny_hf_model(work / "good")
     for name, (damage, culprit) in MODEL_DAMAGE.items():

@@ -81,8 +81,8 @@ def prepare(cfg: Config) -> RunData:
     """Model, tokenizer and tokenised prompts of the run."""
     from transformers import AutoTokenizer
 
-    from conversion.common import check_hf_weights
-    from conversion.errors import ConversionError
+    from megatron_pc.errors import ConversionError
+    from megatron_pc.models.hf_check import check_hf_weights
 
     # The prompts first: a bad data file is named in seconds, before a missing model is made.
     train, sets = load_prompt_sets(cfg.data, cfg.seed)

@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from conversion import cli, hf_to_megatron, megatron_to_hf
-from conversion.errors import ConversionError
+from megatron_pc.errors import ConversionError
 from megatron_helpers import make_hf_model
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conversion.errors import ConversionError
+from megatron_pc.errors import ConversionError
 from conversion.safetensors_io import Planned, ShardedWriter, parse_size
 from megatron_pc.models import name_maps
 

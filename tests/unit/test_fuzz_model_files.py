@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from safetensors.torch import load_file, save_file
 
-from conversion.common import check_hf_weights
-from conversion.errors import ConversionError
+from megatron_pc.models.hf_check import check_hf_weights
+from megatron_pc.errors import ConversionError
 from megatron_pc.bench.faults import policy_writer
 from megatron_pc.bench.faults_inputs import tiny_hf_model
 from megatron_pc.driver.checkpoints import CheckpointManager
