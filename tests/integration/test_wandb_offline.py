@@ -66,7 +66,8 @@ def read_offline_runs(wandb_dir: Path) -> list[dict[str, Any]]:
                 run["config"] = {item.key: json.loads(item.value_json) for item in record.run.config.update}
             elif kind == "history":
                 items = {"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in record.history.item}
-                run["history"][record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+                # A step's row may come in more than one record: merge them.
+                run["history"].setdefault(record.history.step.num, {}).update({k: v for k, v in items.items() if not k.startswith("_")})
         runs.append(run)
     return runs
 
