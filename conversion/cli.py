@@ -11,9 +11,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run one converter; returns the exit code (2 on a user error)."""
     parser = argparse.ArgumentParser(prog="megatron-pc convert", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, module in (("hf-to-megatron", hf_to_megatron), ("megatron-to-hf", megatron_to_hf)):
-        sub = commands.add_parser(name, help=module.__doc__.strip().splitlines()[0])
-        module.add_arguments(sub)
-        sub.set_defaults(run=module.run)
+    for command in (hf_to_megatron.COMMAND, megatron_to_hf.COMMAND):
+        sub = commands.add_parser(command.name, help=command.summary)
+        command.add_arguments(sub)
+        sub.set_defaults(run=command.run)
     args = parser.parse_args(argv)
     return int(args.run(args))

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from conversion import common
-from megatron_pc.errors import ConfigError, ConversionError, MegatronPCError
+from conversion.command import Command
+from megatron_pc.errors import ConfigError, ConversionError
 from megatron_pc.models import hf_check, name_maps
 from megatron_pc.models.hf_config import HFArch, check_parallel_sizes
 from megatron_pc.models.provider import padded_vocab_size
@@ -111,23 +112,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run a parsed command line; user errors print one line and return 2."""
-    try:
-        out = convert(args.hf, args.out, args.tp, args.pp, args.dtype, args.force)
-    except MegatronPCError as err:
-        print(f"hf-to-megatron: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote Megatron checkpoint {out}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m conversion.hf_to_megatron``."""
-    parser = argparse.ArgumentParser(prog="hf_to_megatron", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(parser.parse_args(argv))
+COMMAND = Command("hf-to-megatron", __doc__.splitlines()[0], add_arguments,
+                  lambda args: convert(args.hf, args.out, args.tp, args.pp, args.dtype, args.force),
+                  "Megatron checkpoint")
+"""The command line (``megatron-pc convert hf-to-megatron``, ``python -m conversion.hf_to_megatron``)."""
+main = COMMAND.main
 
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from conversion import common
+from conversion.command import Command
 from conversion.dcp_read import TensorInfo, read_chunks, read_metadata
 from conversion.safetensors_io import Planned, ShardedWriter, parse_size
-from megatron_pc.errors import ConversionError, MegatronPCError
+from megatron_pc.errors import ConversionError
 from megatron_pc.models import hf_check, name_maps
 from megatron_pc.models.hf_config import HFArch
 
@@ -118,23 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run a parsed command line; user errors print one line and return 2."""
-    try:
-        out = convert(args.ckpt, args.out, args.hf_config, args.max_shard_size, args.force)
-    except MegatronPCError as err:
-        print(f"megatron-to-hf: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote Hugging Face model {out}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m conversion.megatron_to_hf``."""
-    parser = argparse.ArgumentParser(prog="megatron_to_hf", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(parser.parse_args(argv))
+COMMAND = Command("megatron-to-hf", __doc__.splitlines()[0], add_arguments,
+                  lambda args: convert(args.ckpt, args.out, args.hf_config, args.max_shard_size, args.force),
+                  "Hugging Face model")
+"""The command line (``megatron-pc convert megatron-to-hf``, ``python -m conversion.megatron_to_hf``)."""
+main = COMMAND.main
 
 
 if __name__ == "__main__":
