@@ -19,6 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers.models import bits as _bits
+from helpers.models import make_hf_model, random_sequences
 from megatron_pc import platform
 from megatron_pc.models.config import ModelConfig
 from megatron_pc.models.provider import transformer_engine_available
@@ -28,51 +30,19 @@ from megatron_pc.training.launch import free_port
 
 pytestmark = pytest.mark.gpu
 
-VOCAB = 100
 TOLERANCE = 2e-2
 """Mean |log-prob difference| allowed between Megatron and transformers, both in bf16. Two
 bf16 implementations of the same 2-layer model differ by ~5e-3 here (bf16 keeps 8 bits of
 mantissa, and the fused kernels round at other points); a mis-mapped weight gives ~1."""
+INIT_RANGE = 0.05
+"""Spreads the log-probs (std ~0.5) well beyond the tolerance, so matching within it says something."""
 LR = 1e-3
 """Large enough that one Adam step shows through bf16 rounding of the model weights."""
 
 
-def _make_hf_model(root: Path, model_type: str, seed: int = 0, tie: bool = False,
-                   dtype: torch.dtype = torch.float32) -> Path:
-    """A tiny random HF model (head_dim 32, GQA 4/2) saved in ``dtype`` safetensors.
-
-    initializer_range 0.05 spreads the log-probs (std ~0.5, see test below) well beyond the
-    tolerance, so matching within it says something."""
-    import transformers
-
-    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-                  "qwen3": transformers.Qwen3Config}[model_type]
-    config = config_cls(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
-                        rope_theta=5000.0, tie_word_embeddings=tie, max_position_embeddings=256,
-                        initializer_range=0.05)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).float()
-    with torch.no_grad():
-        # Norm weights start at 1 and biases at 0: randomise them so a mis-mapped one shows.
-        for name, param in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                param.add_(0.1 * torch.randn_like(param))
-    path = root / f"{model_type}{'-tied' if tie else ''}"
-    model.to(dtype).save_pretrained(path, safe_serialization=True)
-    return path
-
-
-def _sequences(n: int = 8, seed: int = 0) -> list[Sequence]:
+def _sequences(n: int = 8) -> list[Sequence]:
     """Prompts of 4-12 and responses of 4-20 tokens, advantages of both signs."""
-    gen = torch.Generator().manual_seed(seed)
-    seqs = []
-    for i in range(n):
-        prompt = int(torch.randint(4, 13, (1,), generator=gen))
-        response = int(torch.randint(4, 21, (1,), generator=gen))
-        tokens = torch.randint(0, VOCAB, (prompt + response,), generator=gen).tolist()
-        seqs.append(Sequence(tokens=tokens, prompt_len=prompt, advantage=1.0 if i % 2 == 0 else -1.0))
-    return seqs
+    return random_sequences(n, prompt=(4, 13), response=(4, 21))
 
 
 def _hf_logprobs(path: Path, seqs: list[Sequence]) -> list[torch.Tensor]:
@@ -90,11 +60,6 @@ def _hf_logprobs(path: Path, seqs: list[Sequence]) -> list[torch.Tensor]:
             span = range(seq.prompt_len - 1, len(seq.tokens) - 1)
             out.append(torch.stack([logprobs[t, seq.tokens[t + 1]] for t in span]).cpu())
     return out
-
-
-def _bits(t: torch.Tensor) -> bytes:
-    """The tensor's raw bytes: equal bits, not merely equal values (-0.0 and NaN included)."""
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _model_cfg(path: Path) -> ModelConfig:
@@ -123,7 +88,7 @@ def world() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf_gpu")
-    return {t: _make_hf_model(root, t) for t in ("llama", "qwen2", "qwen3")}
+    return {t: make_hf_model(root, t, initializer_range=INIT_RANGE) for t in ("llama", "qwen2", "qwen3")}
 
 
 def test_provider_uses_transformer_engine_spec_and_bf16_params_when_te_is_installed(
@@ -223,7 +188,7 @@ def test_export_to_hf_names_and_back_is_bit_exact(world: None, tmp_path: Path, m
 
     # The checkpoint in the parameters' dtype (bf16 on a GPU), so loading it rounds nothing.
     dtype = platform.default_dtype()
-    original = _make_hf_model(tmp_path, model_type, tie=tie, dtype=dtype)
+    original = make_hf_model(tmp_path, model_type, tie=tie, dtype=dtype, initializer_range=INIT_RANGE)
     expected = load_file(str(original / "model.safetensors"))
     worker = ReferenceWorker(_model_cfg(original))
     worker.load_hf()

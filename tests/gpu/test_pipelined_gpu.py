@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.models import make_warm_tiny_model
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
 from megatron_pc.config import load_config
@@ -39,10 +40,7 @@ OVERRIDES = [
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if torch.cuda.device_count() < 2:
         pytest.skip("pipelined mode needs split placement: two GPUs (one for the policy, one for the engine)")
-    from megatron_pc.models.tiny import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen2-arith", seed=0, warmup_steps=40, batch_size=48,
-                           eval_prompts=8, eval_samples=2)  # fmt: skip
+    return make_warm_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
 def _train(run: Path, model: Path) -> None:

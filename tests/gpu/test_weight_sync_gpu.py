@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from helpers.models import bits as _bits
 from megatron_pc.weight_sync.buckets import TransportError, bucket_meta
 from megatron_pc.weight_sync.cuda_ipc import IpcReceiver, IpcSender
 from megatron_pc.weight_sync.rendezvous import Rendezvous
@@ -47,10 +48,6 @@ def _buckets(device: str = "cpu") -> list[list[tuple[str, torch.Tensor]]]:
         ],
     ]
     return [[(n, t.to(device)) for n, t in bucket] for bucket in buckets]
-
-
-def _bits(t: torch.Tensor) -> bytes:
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _assert_identical(received: list, sent: list) -> None:

@@ -6,18 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.models import make_warm_tiny_model
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen2 HF directory after a short warm-up (a few seconds).
-
-    The warm-up is there so logits are peaked rather than the near-uniform ones of a fresh
-    model: greedy comparisons between two implementations then do not hinge on near-ties.
-    """
-    from megatron_pc.models.tiny import make_tiny_model
-
-    out = tmp_path_factory.mktemp("tiny_model") / "tiny-qwen2-arith"
-    return make_tiny_model(out, seed=0, warmup_steps=40, batch_size=48, eval_prompts=8, eval_samples=2)
+    """A tiny Qwen2 HF directory after a short warm-up (:func:`helpers.models.make_warm_tiny_model`)."""
+    return make_warm_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
-"""Helpers of the Megatron integration tests: tiny random HF models and the functions that
-run inside spawned gloo processes (they must be importable, hence module level)."""
+"""Helpers of the Megatron integration tests: configs, HF reference logits and the functions
+that run inside spawned gloo processes (they must be importable, hence module level). The tiny
+random models and sequences are tests/helpers/models.py."""
 
 from __future__ import annotations
 
@@ -9,33 +10,10 @@ from typing import Any
 
 import torch
 
+from helpers.models import VOCAB
 from megatron_pc.models.config import ModelConfig
 from megatron_pc.training.batching import Sequence
 from megatron_pc.training.config import TrainingConfig
-
-VOCAB = 100  # not a multiple of 128: the padded vocab rows are exercised
-
-
-def make_hf_model(root: Path, model_type: str, *, tie: bool = False, layers: int = 2, seed: int = 0) -> Path:
-    """A tiny random HF model (head_dim 32, GQA 4/2) saved with safetensors under ``root``."""
-    import transformers
-
-    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-                  "qwen3": transformers.Qwen3Config}[model_type]
-    config = config_cls(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
-                        rope_theta=5000.0, tie_word_embeddings=tie, max_position_embeddings=256)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).float()
-    with torch.no_grad():
-        # Norm weights start at 1 and biases at 0: randomise them so a mis-mapped one shows.
-        for name, param in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                param.add_(0.1 * torch.randn_like(param))
-    path = root / f"{model_type}{'-tied' if tie else ''}"
-    model.save_pretrained(path, safe_serialization=True)
-    return path
-
 
 def hf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
     """Logits of the HF reference implementation (fp32, eager attention)."""
@@ -45,18 +23,6 @@ def hf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
                                                               attn_implementation="eager")
     with torch.no_grad():
         return model(ids).logits
-
-
-def toy_sequences(n: int = 6, seed: int = 0) -> list[Sequence]:
-    """Random prompt + response sequences of varied lengths, advantages of both signs."""
-    gen = torch.Generator().manual_seed(seed)
-    seqs = []
-    for i in range(n):
-        prompt = int(torch.randint(3, 8, (1,), generator=gen))
-        response = int(torch.randint(2, 9, (1,), generator=gen))
-        tokens = torch.randint(0, VOCAB, (prompt + response,), generator=gen).tolist()
-        seqs.append(Sequence(tokens=tokens, prompt_len=prompt, advantage=1.0 if i % 2 == 0 else -1.0))
-    return seqs
 
 
 def model_cfg(path: Path, tp: int = 1, pp: int = 1) -> ModelConfig:

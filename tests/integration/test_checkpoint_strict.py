@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_helpers import _init, make_hf_model, model_cfg, toy_sequences, train_cfg
+from helpers.models import make_hf_model, random_sequences
+from megatron_helpers import _init, model_cfg, train_cfg
 from megatron_pc.training.launch import run_distributed
 
 pytestmark = pytest.mark.integration
@@ -23,7 +24,7 @@ def job_save_then_load(save_from: Path, load_into: Path, ckpt: Path) -> dict[str
     _init(1, 1)
     saved = PolicyWorker(model_cfg(save_from), train_cfg())
     saved.load_hf()
-    saved.train_step(toy_sequences())  # Adam's moments exist only after a step
+    saved.train_step(random_sequences())  # Adam's moments exist only after a step
     save_checkpoint(saved, ckpt)
     out = {}
     for name, make, load in (("resume", lambda: PolicyWorker(model_cfg(load_into), train_cfg()), load_checkpoint),

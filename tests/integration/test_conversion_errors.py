@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from conversion import cli, hf_to_megatron, megatron_to_hf
 from megatron_pc.errors import ConversionError
-from megatron_helpers import make_hf_model
+from helpers.models import make_hf_model
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from conversion.hf_to_megatron import convert
-from megatron_helpers import VOCAB, hf_logits, make_hf_model, model_cfg
+from helpers.models import VOCAB, make_hf_model
+from megatron_helpers import hf_logits, model_cfg
 from megatron_pc.training.launch import run_distributed
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from conversion import hf_to_megatron, megatron_to_hf
-from megatron_helpers import make_hf_model, model_cfg, train_cfg
+from helpers.models import make_hf_model
+from megatron_helpers import model_cfg, train_cfg
 from megatron_pc.training.launch import run_distributed
 
 pytestmark = pytest.mark.integration

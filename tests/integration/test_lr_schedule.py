@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_helpers import job_schedule, make_hf_model, toy_sequences
+from helpers.models import make_hf_model, random_sequences
+from megatron_helpers import job_schedule
 from megatron_pc.training.launch import run_distributed
 
 pytestmark = pytest.mark.integration
@@ -21,7 +22,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(model_dir: Path, updates_per_step: int) -> dict:
     job = partial(job_schedule, lr=LR, warmup_steps=WARMUP, dual_clip=10.0)
-    return run_distributed(job, 1, model_dir, updates_per_step, STEPS, toy_sequences(8), timeout_s=300)[0]
+    return run_distributed(job, 1, model_dir, updates_per_step, STEPS, random_sequences(8), timeout_s=300)[0]
 
 
 def test_lr_after_step_k_is_the_same_for_one_and_for_four_mini_batches(model_dir: Path) -> None:

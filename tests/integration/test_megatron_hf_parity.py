@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_helpers import VOCAB, hf_logits, job_full_logits, make_hf_model
+from helpers.models import VOCAB, make_hf_model
+from megatron_helpers import hf_logits, job_full_logits
 from megatron_pc.training.launch import run_distributed
 
 pytestmark = pytest.mark.integration

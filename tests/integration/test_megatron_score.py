@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_helpers import make_hf_model
+from helpers.models import make_hf_model
 from megatron_pc.cli import main as cli_main
 
 pytestmark = pytest.mark.integration
