@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from megatron_pc.bench.report import Point, load_run
+from megatron_pc.analysis.runs import Point, load_run
 from megatron_pc.errors import MegatronPCError
 
 STRATEGIES = ("pilot_commit", "grpo", "dapo", "pc_history")

@@ -1,7 +1,7 @@
 """``megatron-pc bench rollouts``: rollouts (and seconds) each strategy needs to reach fixed
 validation accuracies, per task regime, over seeds: the paper's headline measurement.
 
-For each regime (:mod:`megatron_pc.bench.regimes`) and seed it trains pilot_commit, grpo and
+For each regime (:mod:`megatron_pc.analysis.regimes`) and seed it trains pilot_commit, grpo and
 dapo from the same start model, each a normal run directory ``OUT/REGIME/LABEL/seed_K``
 (``megatron-pc train``; an interrupted benchmark resumes: finished runs are skipped, partial
 ones continue from their checkpoint). All runs of a regime validate on one fixed set of
@@ -22,7 +22,7 @@ Beside the runs, per regime:
 * the simulator (``megatron-pc simulate``) calibrated to the measured success rates, its
   predicted ratios beside the measured ones.
 
-Then OUT/report.md, OUT/summary.json and the PNGs (:mod:`megatron_pc.bench.report`).
+Then OUT/report.md, OUT/summary.json and the PNGs (:mod:`megatron_pc.analysis.report`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_pc.bench.regimes import DEFAULT_REGIMES, REGIMES, Regime, parse_regimes
-from megatron_pc.bench.report import Run, load_run, parse_fractions, validation_seconds, write_report
+from megatron_pc.analysis.regimes import DEFAULT_REGIMES, REGIMES, Regime, parse_regimes
+from megatron_pc.analysis.report import parse_fractions, write_report
+from megatron_pc.analysis.runs import Run, load_run, validation_seconds
+from megatron_pc.bench.options import parse_names
 from megatron_pc.bench.rollouts_calibration import calibrate, simulate_regime
 from megatron_pc.bench.step import STRATEGIES, run_strategy
 from megatron_pc.bench.variants import UPDATE_RULES, VARIANTS, UpdateRule, parse_rule
@@ -100,18 +102,9 @@ def _check_args(args: argparse.Namespace) -> tuple[list[Regime], list[str], list
     config, args.overrides = split_config_args(args.config, args.overrides)  # CONFIG may be left out
     args.config = config or DEFAULT_CONFIG
     regimes = parse_regimes(args.regimes)
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown or not strategies:
-        raise MegatronPCError(f"--strategies: unknown {unknown or 'none given'}; choose from {', '.join(STRATEGIES)}")
-    ablations = [] if args.ablations.strip() == "none" else [a.strip() for a in args.ablations.split(",") if a.strip()]
-    bad = [a for a in ablations if a not in ABLATIONS]
-    if bad:
-        raise MegatronPCError(f"--ablations: unknown {bad}; choose from {', '.join(ABLATIONS)}, or none")
-    variants = [] if args.variants.strip() == "none" else [v.strip() for v in args.variants.split(",") if v.strip()]
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad:
-        raise MegatronPCError(f"--variants: unknown {bad}; choose from {', '.join(VARIANTS)}, or none")
+    strategies = parse_names(args.strategies, "strategies", STRATEGIES)
+    ablations = parse_names(args.ablations, "ablations", ABLATIONS, or_none=True)
+    variants = parse_names(args.variants, "variants", VARIANTS, or_none=True)
     for name in ("seeds", "steps", "validate_every", "val_size", "train_size", "calibration_prompts"):
         if getattr(args, name) < 1:
             raise MegatronPCError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
@@ -416,7 +409,7 @@ def labelled_jobs(args: argparse.Namespace, regime: Regime, out: Path, strategie
 
 def _timing_section(args: argparse.Namespace, runs: list[Run], fractions: tuple[float, ...], extra: dict[str, Any]) -> str:
     """Measured seconds per step / validation / start-up, and what the full benchmark would take."""
-    from megatron_pc.bench.report import summarize
+    from megatron_pc.analysis.report import summarize
 
     starts = [w["startup_seconds"] for w in extra["wall_seconds"].values() if w.get("startup_seconds") is not None]
     startup = statistics.median(starts) if starts else 0.0
@@ -467,7 +460,7 @@ def ablation_jobs(cfg: Any, regime: Regime, ablations: list[str], calibration: d
 
 def _simulate_all(args: argparse.Namespace, regimes: list[Regime], runs: list[Run], fractions: tuple[float, ...], extra: dict[str, Any]) -> str:
     """The calibrated simulator per regime; its figures go to ``extra``, a markdown section is returned."""
-    from megatron_pc.bench.report import summarize
+    from megatron_pc.analysis.report import summarize
     from megatron_pc.bench.rollouts_calibration import simulator_section
 
     measured = summarize([r for r in runs if r.strategy in STRATEGIES], fractions)["regimes"]

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from megatron_pc.allocation.config import commit_granularity
-from megatron_pc.bench.regimes import Regime
-from megatron_pc.bench.report import REFERENCE, Run, summarize
+from megatron_pc.analysis.regimes import Regime
+from megatron_pc.analysis.report import summarize
+from megatron_pc.analysis.runs import REFERENCE, Run
 
 SAMPLES = 16
 """Samples per prompt when measuring success rates (z counts prompts whose samples all agree)."""
@@ -111,7 +112,7 @@ def _measure(model_path: Path, problems: list[tuple[str, str]]) -> list[float]:
 
 def _sim_runs(cfg: Any, sim: Any, regime: str, validate_every: int) -> list[Run]:
     """Simulated runs as report runs: their accuracy curves sampled like the real validations."""
-    from megatron_pc.bench.simulate import run_one
+    from megatron_pc.analysis.simulate import run_one
 
     runs = []
     for strategy in sim.strategies:
@@ -132,11 +133,11 @@ def _sim_runs(cfg: Any, sim: Any, regime: str, validate_every: int) -> list[Run]
 def simulate_regime(args: argparse.Namespace, regime: Regime, rates_path: Path, measured: dict[str, Any],
                     fractions: tuple[float, ...]) -> dict[str, Any]:  # fmt: skip
     """Predicted targets and ratios of one regime, and the command that reproduces them."""
-    from megatron_pc.bench.simulate import SimConfig, read_success_rates
+    from megatron_pc.analysis.simulate import SimConfig, read_success_rates
     from megatron_pc.config import load_config
 
     rates, samples = read_success_rates(str(rates_path))
-    from megatron_pc.bench.simulate import LABELS
+    from megatron_pc.analysis.simulate import LABELS
 
     strategies = [s for s in measured["strategies"] if s in ("pilot_commit", "grpo", "dapo", *LABELS)]
     cfg = load_config(args.config, [*args.overrides, "allocation.strategy=pilot_commit"])

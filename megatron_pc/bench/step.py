@@ -33,8 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from megatron_pc.bench.options import parse_names
 from megatron_pc.errors import MegatronPCError
 from megatron_pc.metrics.logger import read_metrics
+from megatron_pc.metrics.phases import BREAKDOWN_PHASES
 
 STRATEGIES = ("pilot_commit", "grpo", "dapo")
 COMPARISONS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -43,7 +45,6 @@ COMPARISONS: dict[str, dict[str, tuple[str, ...]]] = {
                   "pilot_commit_pipelined": ("cluster.placement=split", "training.pipelined=true")},
 }  # fmt: skip
 """Extra Pilot-Commit runs per comparison: label -> overrides."""
-PHASES = ("generate", "reward", "logprob", "reference", "update", "sync", "sync_check")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -139,7 +140,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         raise MegatronPCError("the run has no training steps in its metrics.jsonl")
     last = steps[-1]
     total = statistics.median(r["time_total"] for r in steps)
-    phases = {p: statistics.median(r.get(f"time_{p}", 0.0) for r in steps) for p in PHASES}
+    phases = {p: statistics.median(r.get(f"time_{p}", 0.0) for r in steps) for p in BREAKDOWN_PHASES}
     validated = [(r["step"], r.get("cum_generated", 0), r["val_accuracy"]) for r in rows if "val_accuracy" in r]
     return {
         "steps": last["step"],
@@ -167,14 +168,8 @@ def rollouts_to_reach(validation: list[dict[str, Any]], target: float) -> int | 
 def main(argv: list[str] | None = None) -> int:
     """Run every strategy (and the comparisons), print the figures."""
     args = parse_args(argv)
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown or not strategies:
-        raise MegatronPCError(f"--strategies: unknown {unknown or 'none given'}; choose from {', '.join(STRATEGIES)}")
-    comparisons = [] if args.comparisons.strip() == "none" else [c.strip() for c in args.comparisons.split(",") if c.strip()]
-    bad = [c for c in comparisons if c not in COMPARISONS]
-    if bad:
-        raise MegatronPCError(f"--comparisons: unknown {bad}; choose from {', '.join(COMPARISONS)}, or none")
+    strategies = parse_names(args.strategies, "strategies", STRATEGIES)
+    comparisons = parse_names(args.comparisons, "comparisons", COMPARISONS, or_none=True)
     from megatron_pc.config import load_config
 
     runs = [(s, s, ()) for s in strategies] + [(label, "pilot_commit", more) for c in comparisons for label, more in COMPARISONS[c].items()]

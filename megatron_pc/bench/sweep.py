@@ -2,7 +2,7 @@
 DAPO on the simulator, over a grid of task settings (difficulty mean and spread, pool size).
 
 Each setting runs every strategy for ``--steps`` steps on ``--seeds`` seeds
-(:mod:`megatron_pc.bench.simulate`'s Rasch-model policy). Its targets follow the rule of
+(:mod:`megatron_pc.analysis.simulate`'s Rasch-model policy). Its targets follow the rule of
 ``megatron-pc bench rollouts``: the start plus fixed shares of the smallest median final gain of
 pilot_commit, grpo and dapo. A setting passes a target when history-aware Pilot-Commit's median
 rollouts to it are no more than the better of GRPO and paper Pilot-Commit needed on its slowest
@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from megatron_pc.bench.report import HISTORY_AWARE, parse_fractions, summarize
+from megatron_pc.analysis.report import parse_fractions, summarize
+from megatron_pc.analysis.runs import HISTORY_AWARE
 from megatron_pc.errors import MegatronPCError
 
 STRATEGIES = ("pilot_commit", "grpo", "dapo", HISTORY_AWARE)
@@ -56,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 def run_setting(cfg: Any, mean: float, std: float, pool: int, args: argparse.Namespace, fractions: tuple[float, ...]) -> dict[str, Any]:
     """Every strategy on one setting: targets, medians and spreads, the verdict per target."""
     from megatron_pc.bench.rollouts_calibration import _sim_runs
-    from megatron_pc.bench.simulate import SimConfig, SimulatedPolicy
+    from megatron_pc.analysis.simulate import SimConfig, SimulatedPolicy
 
     sim = SimConfig(pool_size=pool, validation_size=1000, difficulty_mean=mean, difficulty_std=std, target_accuracy=float("inf"),
                     max_steps=args.steps, seeds=list(range(args.seeds)), strategies=list(STRATEGIES))  # fmt: skip

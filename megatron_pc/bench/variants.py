@@ -18,10 +18,9 @@ controls of docs/benchmarks.md ("Where the paper's gain comes from") are variant
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from megatron_pc.errors import MegatronPCError
 
@@ -68,19 +67,6 @@ class UpdateRule:
         if train_batch % self.updates:
             raise MegatronPCError(f"{label}: --updates {self.updates} does not divide its train batch {train_batch} into equal updates")
         return ("training.mini_batch_unit=groups", f"training.mini_batch={train_batch // self.updates}")
-
-
-def rule_of_config(cfg: dict[str, Any]) -> str:
-    """The update rule label of a run from its config.yaml: ``reference`` for mini-batches in
-    call rollouts, ``equal/N`` for mini-batches of whole groups (a kept run without a rule
-    label reads as what it ran: ``equal/1`` for the earlier benchmark's runs)."""
-    training, allocation = cfg.get("training", {}), cfg.get("allocation", {})
-    if training.get("mini_batch_unit", "groups") == "call_rollouts":
-        return "reference"
-    train_batch, mini_batch = allocation.get("train_batch"), training.get("mini_batch")
-    if not train_batch or not mini_batch:
-        return "unknown"
-    return f"equal/{math.ceil(train_batch / mini_batch)}"
 
 
 def _none(_train_batch: int) -> tuple[str, ...]:

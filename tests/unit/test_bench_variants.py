@@ -11,8 +11,8 @@ import yaml
 
 from megatron_pc.allocation import Rollout, TrainGroup
 from megatron_pc.bench import rollouts as bench
-from megatron_pc.bench.report import load_run
-from megatron_pc.bench.variants import CONTROLS, VARIANTS, UpdateRule, parse_rule, rule_of_config
+from megatron_pc.analysis.runs import load_run, rule_of_config
+from megatron_pc.bench.variants import CONTROLS, VARIANTS, UpdateRule, parse_rule
 from megatron_pc.config import load_config
 from megatron_pc.driver.update import plan_rows
 from megatron_pc.errors import MegatronPCError
@@ -112,8 +112,8 @@ def test_the_kept_one_update_runs_read_as_equal_1_and_are_reused_by_an_equal_1_b
 
 
 def test_the_report_shows_each_labels_rule_and_variant(tmp_path: Path) -> None:
-    from megatron_pc.bench.report import summarize
-    from megatron_pc.bench.report_format import markdown
+    from megatron_pc.analysis.report import summarize
+    from megatron_pc.analysis.report_format import markdown
 
     runs = [load_run(KEPT / label / "seed_0", regime="hard", strategy=name, seed=0, variant=variant)
             for label, name, variant in (("pilot_commit", "pilot_commit", "none"), ("grpo", "grpo", "none"), ("pc_history", "pc_history", "pc_history"))]  # fmt: skip

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatron_pc.bench.regimes import REGIMES, parse_regimes
-from megatron_pc.bench.report import Point, Run, choose_targets, compare, first_reach, load_run, ratio, spread, step_train_seconds
+from megatron_pc.analysis.regimes import REGIMES, parse_regimes
+from megatron_pc.analysis.report import choose_targets, compare, first_reach, ratio, spread
+from megatron_pc.analysis.runs import Point, Run, load_run, step_train_seconds
 from megatron_pc.bench.rollouts_calibration import matched_grpo_batch, predicted_keep_rate, sized_pilot_batch, zero_variance_share
 from megatron_pc.cli import main
 from megatron_pc.data.arithmetic import MIXES, Cell, Mix, mix_prompts

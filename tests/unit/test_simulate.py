@@ -9,7 +9,7 @@ from collections import defaultdict
 from megatron_pc.allocation import Rollout, TrainGroup
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
-from megatron_pc.bench.simulate import SimConfig, SimulatedPolicy
+from megatron_pc.analysis.simulate import SimConfig, SimulatedPolicy
 from megatron_pc.cli import main
 from megatron_pc.config import load_config
 

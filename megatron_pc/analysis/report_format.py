@@ -1,10 +1,10 @@
-"""report.md from a report summary (:func:`megatron_pc.bench.report.summarize`)."""
+"""report.md from a report summary (:func:`megatron_pc.analysis.report.summarize`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from megatron_pc.bench.report import HISTORY_AWARE, REFERENCE
+from megatron_pc.analysis.runs import HISTORY_AWARE, REFERENCE
 
 
 def _num(value: float | None, fmt: str = "{:,.0f}") -> str:

@@ -1,5 +1,6 @@
-"""The task regimes of ``megatron-pc bench rollouts``: arithmetic data with a known share of
-zero-variance GRPO groups for the warm-up tiny model.
+"""The named task regimes (of ``megatron-pc bench rollouts``, and the names the report gives a
+run's task): arithmetic data with a known share of zero-variance GRPO groups for the warm-up
+tiny model.
 
 A regime is its content: a builtin prompt source whose mix of operations and operand sizes is
 fixed (``megatron_pc.data.arithmetic.MIXES``), the same for every strategy. docs/benchmarks.md

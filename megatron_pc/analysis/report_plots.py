@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from megatron_pc.bench.report import MAIN_STRATEGIES, REFERENCE, Run
+from megatron_pc.analysis.runs import MAIN_STRATEGIES, REFERENCE, Run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

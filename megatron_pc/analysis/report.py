@@ -7,7 +7,7 @@ their seeds form the spread. The report fixes target accuracies per task (the st
 50 / 75% of the smallest final gain among the strategies), counts the rollouts and the training
 seconds each run needed to first reach each of them, and compares every strategy with
 Pilot-Commit. It writes DIR/report.md, DIR/summary.json and the PNG plots of
-:mod:`megatron_pc.bench.report_plots`.
+:mod:`megatron_pc.analysis.report_plots`; runs are read by :mod:`megatron_pc.analysis.runs`.
 
 Conventions (also in docs/benchmarks.md):
 * Start accuracy of a task: the mean step-0 validation accuracy of its runs (one start model).
@@ -27,129 +27,18 @@ import argparse
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from megatron_pc.bench.step import PHASES
+from megatron_pc.analysis.report_format import markdown
+from megatron_pc.analysis.report_plots import draw_all
+from megatron_pc.analysis.runs import (HISTORY_AWARE, MAIN_STRATEGIES, REFERENCE, Point, Run, check_unique, load_run,
+                                       step_train_seconds, validation_seconds)
 from megatron_pc.errors import MegatronPCError
-from megatron_pc.metrics.logger import read_metrics
 
-REFERENCE = "pilot_commit"
-"""The strategy every other one is compared with."""
-HISTORY_AWARE = "pc_history"
-"""The benchmark's label of history-aware Pilot-Commit (allocation.history.preset=history_aware),
-also compared with every other strategy when present."""
-MAIN_STRATEGIES = ("pilot_commit", "grpo", "dapo")
-"""Strategies whose final gains set the targets (ablations are measured against them)."""
 TARGET_FRACTIONS = (0.25, 0.5, 0.75)
-FINAL_POINTS = 3
 _NO_GAIN = 1e-9
 """A final gain this small is no gain (float noise of equal accuracies)."""
-
-
-@dataclass
-class Point:
-    """One validation of a run."""
-
-    step: int
-    rollouts: float
-    """Cumulative generated rollouts when it was measured."""
-    seconds: float
-    """Cumulative training seconds (validation excluded) when it was measured."""
-    accuracy: float
-    stderr: float | None
-
-
-@dataclass
-class Run:
-    """One training run's metrics rows, labelled for the report."""
-
-    regime: str
-    strategy: str
-    seed: int
-    run_dir: Path
-    rows: list[dict[str, Any]]
-    val_prompts: int | None = None
-    """Validation prompts (for a binomial standard error when the rows carry none)."""
-    val_samples: int | None = None
-    """Sampled responses per validation prompt."""
-    update_rule: str = "unknown"
-    """``reference`` or ``equal/N`` (:func:`megatron_pc.bench.variants.rule_of_config`)."""
-    variant: str = "none"
-    """The benchmark's variant or ablation label (``none`` for a plain strategy)."""
-    points: list[Point] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.points = validation_points(self)
-        if not self.points:
-            raise MegatronPCError(
-                f"{self.run_dir}: metrics.jsonl has no validation rows (val_accuracy); "
-                "the run stopped before its first validation (training.validate_every)"
-            )
-
-    @property
-    def steps(self) -> list[dict[str, Any]]:
-        """Rows of training steps (step 0 is the validation before training)."""
-        return [r for r in self.rows if r.get("step", 0) > 0 and "generated" in r]
-
-    @property
-    def final_accuracy(self) -> float:
-        """Mean accuracy of the last FINAL_POINTS validations after training began (the start
-        accuracy only for a run that has none)."""
-        trained = [p for p in self.points if p.step > 0] or self.points
-        return statistics.fmean(p.accuracy for p in trained[-FINAL_POINTS:])
-
-
-def step_train_seconds(rows: list[dict[str, Any]]) -> dict[int, float]:
-    """Seconds each step spent training: ``time_total`` minus its validation.
-
-    Without a ``time_validation`` metric, a validation step's validation is its excess of
-    untimed seconds over the median untimed seconds (controller work) of the other steps.
-    """
-    steps = [r for r in rows if r.get("step", 0) > 0 and r.get("time_total") is not None]
-
-    def untimed(r: dict[str, Any]) -> float:
-        return r["time_total"] - sum(r.get(f"time_{p}") or 0.0 for p in PHASES)
-
-    plain = [untimed(r) for r in steps if r.get("val_accuracy") is None]
-    overhead = statistics.median(plain) if plain else 0.0
-    out = {}
-    for r in steps:
-        if r.get("time_validation") is not None:
-            out[r["step"]] = r["time_total"] - r["time_validation"]
-        elif r.get("val_accuracy") is not None:
-            out[r["step"]] = r["time_total"] - max(untimed(r) - overhead, 0.0)
-        else:
-            out[r["step"]] = r["time_total"]
-    return out
-
-
-def validation_seconds(rows: list[dict[str, Any]]) -> float | None:
-    """Mean seconds of one validation during training (None without any)."""
-    train = step_train_seconds(rows)
-    spent = [r["time_total"] - train[r["step"]] for r in rows if r.get("step", 0) > 0 and r.get("val_accuracy") is not None
-             and r["step"] in train]  # fmt: skip
-    return statistics.fmean(spent) if spent else None
-
-
-def validation_points(run: Run) -> list[Point]:
-    """The run's validations with cumulative rollouts, training seconds and standard error."""
-    seconds = step_train_seconds(run.rows)
-    points, elapsed = [], 0.0
-    for r in run.rows:
-        elapsed += seconds.get(r.get("step", 0), 0.0)
-        acc = r.get("val_accuracy")
-        if acc is None:
-            continue
-        stderr = r.get("val_accuracy_stderr")
-        if stderr is None and run.val_prompts and run.val_samples:
-            stderr = math.sqrt(max(acc * (1.0 - acc), 0.0) / (run.val_prompts * run.val_samples))
-        points.append(Point(int(r["step"]), float(r.get("cum_generated", 0)), elapsed, float(acc), stderr))
-    return points
-
 
 def first_reach(points: list[Point], target: float, axis: str) -> float | None:
     """``axis`` (``rollouts`` or ``seconds``) at which the accuracy first reaches ``target``,
@@ -300,72 +189,6 @@ def summarize(runs: list[Run], fractions: tuple[float, ...] = TARGET_FRACTIONS) 
     return {"regimes": regimes}
 
 
-# ---- reading run directories -----------------------------------------------------------------
-
-
-def load_run(run_dir: str | Path, *, regime: str | None = None, strategy: str | None = None, seed: int | None = None,
-             label_by: str = "strategy", variant: str = "none") -> Run:  # fmt: skip
-    """A run directory's metrics and labels (from its config.yaml unless given; the update rule
-    always from the config, so a kept run reads as the rule it ran)."""
-    from megatron_pc.bench.variants import rule_of_config
-
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise MegatronPCError(f"run directory {path} does not exist")
-    metrics = path / "metrics.jsonl"
-    if not metrics.is_file():
-        raise MegatronPCError(f"{path} holds no metrics.jsonl: not a training run directory (or the run has not started)")
-    cfg_path = path / "config.yaml"
-    cfg = (yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.is_file() else {}
-    data, training = cfg.get("data", {}), cfg.get("training", {})
-    if strategy is None:
-        strategy = path.parent.name if label_by == "dir" else cfg.get("allocation", {}).get("strategy", path.name)
-    validation = data.get("validation")
-    # Several validation sets write their own val_accuracy_stderr; one file is counted here.
-    val_prompts = data.get("validation_size") if validation is None else _count_lines(Path(validation)) if isinstance(validation, str) else None
-    return Run(
-        regime=regime or regime_label(str(data.get("source", "unknown"))),
-        strategy=str(strategy),
-        seed=int(seed if seed is not None else cfg.get("seed", 0)),
-        run_dir=path,
-        rows=read_metrics(metrics),
-        val_prompts=val_prompts,
-        val_samples=training.get("val_samples"),
-        update_rule=rule_of_config(cfg),
-        variant=variant,
-    )
-
-
-def regime_label(source: str) -> str:
-    """The report's name for a data source: the benchmark regime's name, else the source's."""
-    from megatron_pc.bench.regimes import REGIMES
-
-    for name, regime in REGIMES.items():
-        if regime.source == source:
-            return name
-    return source.removeprefix("builtin:") if source.startswith("builtin:") else Path(source).stem
-
-
-def _count_lines(path: Path) -> int | None:
-    if not path.is_file():
-        return None
-    with path.open() as f:
-        return sum(1 for line in f if line.strip())
-
-
-def check_unique(runs: list[Run]) -> None:
-    """Two runs with the same task, label and seed cannot be told apart in a report."""
-    seen: dict[tuple[str, str, int], Path] = {}
-    for r in runs:
-        key = (r.regime, r.strategy, r.seed)
-        if key in seen:
-            raise MegatronPCError(
-                f"{seen[key]} and {r.run_dir} are both {r.strategy}, seed {r.seed}, on {r.regime}; "
-                "report them separately, or label runs by their parent directory (--label-by dir)"
-            )
-        seen[key] = r.run_dir
-
-
 # ---- writing ---------------------------------------------------------------------------------
 
 
@@ -376,9 +199,6 @@ def write_report(runs: list[Run], out: Path, *, fractions: tuple[float, ...] = T
     ``extra`` is merged into summary.json (the benchmark adds its regimes, simulator and
     ablations); ``sections`` are markdown blocks appended to report.md.
     """
-    from megatron_pc.bench.report_format import markdown
-    from megatron_pc.bench.report_plots import draw_all
-
     check_unique(runs)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(runs, fractions)
