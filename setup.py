@@ -67,7 +67,9 @@ setup(
     # scripts/install.sh checks.
     python_requires=">=3.11,<3.13",
     packages=find_packages(include=["megatron_pc", "megatron_pc.*", "conversion", "conversion.*"]),
-    package_data={"megatron_pc": ["configs/*.yaml"]},
+    # No package data: the packages hold only .py files. The experiment configs are the
+    # checkout's configs/ (megatron-pc plan and launch find them there), so the install is
+    # editable from a checkout (scripts/install.sh: pip install -e).
     install_requires=BASE,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["megatron-pc=megatron_pc.cli:main"]},
