@@ -33,7 +33,7 @@ from typing import Any
 from megatron_pc.analysis.report_format import markdown
 from megatron_pc.analysis.report_plots import draw_all
 from megatron_pc.analysis.runs import (HISTORY_AWARE, MAIN_STRATEGIES, REFERENCE, Point, Run, check_unique, load_run,
-                                       step_train_seconds, validation_seconds)
+                                       relative_path, step_train_seconds, validation_seconds)
 from megatron_pc.errors import MegatronPCError
 
 TARGET_FRACTIONS = (0.25, 0.5, 0.75)
@@ -185,7 +185,7 @@ def summarize(runs: list[Run], fractions: tuple[float, ...] = TARGET_FRACTIONS) 
         chosen = choose_targets(mine, fractions)
         regimes[regime] = {**chosen, **compare(mine, chosen["target_accuracies"]), "strategies": regime_figures(mine),
                            "runs": [{"strategy": r.strategy, "seed": r.seed, "update_rule": r.update_rule, "variant": r.variant,
-                                     "run_dir": str(r.run_dir)} for r in mine]}  # fmt: skip
+                                     "run_dir": relative_path(r.run_dir)} for r in mine]}  # fmt: skip
     return {"regimes": regimes}
 
 

@@ -199,6 +199,15 @@ def check_unique(runs: list[Run]) -> None:
         seen[key] = r.run_dir
 
 
+def relative_path(path: str | Path, base: str | Path | None = None) -> str:
+    """``path`` as a report or a run's config records it: relative to ``base`` (default: the
+    working directory, the repository root where benchmarks run) when it lies inside, so kept
+    results name no machine's absolute prefix; else absolute."""
+    target = Path(path).resolve()
+    root = Path(base if base is not None else Path.cwd()).resolve()
+    return target.relative_to(root).as_posix() if target.is_relative_to(root) else str(target)
+
+
 def rule_of_config(cfg: dict[str, Any]) -> str:
     """The update rule label of a run from its config.yaml: ``reference`` for mini-batches in
     call rollouts, ``equal/N`` for mini-batches of whole groups (a kept run without a rule

@@ -39,7 +39,7 @@ from typing import Any
 
 from megatron_pc.analysis.regimes import DEFAULT_REGIMES, REGIMES, Regime, parse_regimes
 from megatron_pc.analysis.report import parse_fractions, write_report
-from megatron_pc.analysis.runs import Run, load_run, validation_seconds
+from megatron_pc.analysis.runs import Run, load_run, relative_path, validation_seconds
 from megatron_pc.bench.options import parse_names
 from megatron_pc.bench.rollouts_calibration import calibrate, simulate_regime
 from megatron_pc.bench.step import STRATEGIES, run_strategy
@@ -123,7 +123,7 @@ def _base_overrides(args: argparse.Namespace, regime: Regime, validation: Path) 
     # A step that runs out of rounds trains on what it has (counted as partial_steps) rather than
     # ending a long benchmark; the same rule for every strategy.
     defaults = ["allocation.on_round_limit=train_partial", "logging.tensorboard=false"]
-    fixed = [f"data.source={regime.source}", f"data.train_size={args.train_size}", f"data.validation={validation}",
+    fixed = [f"data.source={regime.source}", f"data.train_size={args.train_size}", f"data.validation={relative_path(validation)}",
              f"training.validate_every={args.validate_every}"]  # fmt: skip
     return [*defaults, *args.overrides, *fixed]
 
@@ -176,8 +176,8 @@ def check_same_config(config: str, job: Job, overrides: list[str]) -> None:
 
     current = _flatten(to_dict(load_config(config, [*overrides, f"allocation.strategy={job.strategy}"])))
     saved = _flatten(yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {})
-    # Kept runs record their validation set relative to the repository root (where the benchmark
-    # runs), new ones absolute: the same file either way.
+    # Runs record their validation set relative to the working directory (the repository root,
+    # where the benchmark runs) or, outside it, absolute: compared as the same file either way.
     for flat in (saved, current):
         if isinstance(flat.get("data.validation"), str):
             flat["data.validation"] = str(Path(flat["data.validation"]).resolve())
@@ -358,7 +358,8 @@ def _bench(args: argparse.Namespace) -> int:
     planned = {r.name: labelled_jobs(args, r, out, strategies, variants) for r in regimes}
     progress = Progress(sum(len(jobs) for jobs in planned.values()) + len(regimes) * args.seeds * len(ablations))
     runs: list[Run] = []
-    extra: dict[str, Any] = {"bench": {k: v for k, v in vars(args).items() if k != "rule"}, "update_rule": args.rule.label,
+    settings = {k: relative_path(v) if k == "out" else v for k, v in vars(args).items() if k != "rule"}
+    extra: dict[str, Any] = {"bench": settings, "update_rule": args.rule.label,
                              "calibration": {}, "ablations": {}, "simulator": {}, "wall_seconds": {}}  # fmt: skip
     for regime in regimes:
         validation = out / regime.name / "validation.jsonl"

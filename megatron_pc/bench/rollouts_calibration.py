@@ -21,7 +21,7 @@ from typing import Any
 from megatron_pc.allocation.config import commit_granularity
 from megatron_pc.analysis.regimes import Regime
 from megatron_pc.analysis.report import summarize
-from megatron_pc.analysis.runs import REFERENCE, Run
+from megatron_pc.analysis.runs import REFERENCE, Run, relative_path
 
 SAMPLES = 16
 """Samples per prompt when measuring success rates (z counts prompts whose samples all agree)."""
@@ -75,7 +75,7 @@ def calibrate(cfg: Any, validation: Path, prompts: int, cache: Path) -> dict[str
 
     model_path = ensure_model(cfg)
     records = read_prompts(validation)[:prompts]
-    key = {"model": str(Path(model_path).resolve()), "validation": str(validation), "prompts": len(records), "samples": SAMPLES}
+    key = {"model": relative_path(model_path), "validation": relative_path(validation), "prompts": len(records), "samples": SAMPLES}
     if cache.is_file():
         saved = json.loads(cache.read_text())
         if {k: saved.get(k) for k in key} == key:
