@@ -1,1 +1,1 @@
-"""Launching: the layout planner, the models table and nemo-run submission."""
+"""Launching: the layout planner, the memory model, the cluster projection and nemo-run submission."""
