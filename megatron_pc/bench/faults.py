@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from megatron_pc.driver.checkpoints import CheckpointManager, verify
-from megatron_pc.driver.faults import ENV, PHASES, Fault
+from megatron_pc.driver.faults import ENV, Fault
 from megatron_pc.errors import MegatronPCError
+from megatron_pc.metrics.phases import FAULT_PHASES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -249,7 +250,7 @@ def chain() -> list[tuple[list[Fault], int]]:
     step 2, a delay putting some of them inside their phase rather than at its start); then each
     SIGTERM lets one more step finish; then two SIGTERMs in the last step."""
     delays = {"generate": 0.3, "update": 0.05, "validation": 0.2}
-    kills = [([Fault("sigkill", p, 2, delays.get(p, 0.0))], -signal.SIGKILL) for p in PHASES]
+    kills = [([Fault("sigkill", p, 2, delays.get(p, 0.0))], -signal.SIGKILL) for p in FAULT_PHASES]
     terms = [([Fault("sigterm", p, step)], 75) for p, step in SIGTERM_AT.items()]
     twice = ([Fault("sigterm", "generate", CHAIN_STEPS), Fault("sigterm", "update", CHAIN_STEPS, 0.05)], 75)
     return kills + terms + [twice]
