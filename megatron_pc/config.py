@@ -54,8 +54,8 @@ class Config:
         # Rounds are split evenly over the generation engines; check it can always be done.
         self.allocation.check_generation_ranks(self.rollout.engines, field_prefix="allocation")
         self.reward.check_max_tokens(self.rollout.max_tokens, field_prefix="reward")
-        self.rollout.check_placement(self.cluster.placement, field_prefix="rollout")
-        if self.training.pipelined and self.cluster.placement != "split":
+        self.rollout.check_placement(self.cluster.colocated, field_prefix="rollout")
+        if self.training.pipelined and self.cluster.colocated:
             raise ConfigError("training.pipelined", "needs cluster.placement=split: colocated engines sleep while the policy trains, "
                               "so generation cannot overlap training")  # fmt: skip
 
@@ -63,6 +63,11 @@ class Config:
     def resolved_run_dir(self) -> Path:
         """The run directory with ``{name}`` filled in."""
         return Path(self.run_dir.format(name=self.name))
+
+    @property
+    def policy_world(self) -> int:
+        """The policy's ranks (and devices on a GPU run): TP x PP x DP."""
+        return self.model.tensor_parallel * self.model.pipeline_parallel * self.cluster.data_parallel
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:

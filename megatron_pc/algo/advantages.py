@@ -10,9 +10,15 @@ sample std (n-1) would scale advantages of small groups up. It is also defined f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
-__all__ = ["group_advantages"]
+if TYPE_CHECKING:
+    from megatron_pc.allocation.types import TrainGroup
+
+__all__ = ["group_advantages", "rollout_advantages"]
 
 
 def group_advantages(
@@ -52,3 +58,10 @@ def group_advantages(
         var = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, centered**2) / counts
         centered = centered / (var.sqrt()[inverse] + eps)
     return torch.where(flat, torch.zeros_like(centered), centered).to(rewards.dtype)
+
+
+def rollout_advantages(groups: Sequence["TrainGroup"], std_normalize: bool) -> list[float]:
+    """The advantage of every rollout of ``groups``, in order, normalised within its group."""
+    rewards = torch.tensor([r.reward for g in groups for r in g.rollouts], dtype=torch.float64)
+    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.rollouts], dtype=torch.int64)
+    return group_advantages(rewards, ids, std_normalize=std_normalize).tolist()

@@ -30,6 +30,20 @@ class AllocationStrategy(ABC):
     """Plans generation rounds and assembles the train batch of each step."""
 
     name: ClassVar[str]
+    trains_full_batch: ClassVar[bool] = False
+    """Every step trains on exactly train_batch x n rollouts (GRPO: nothing is filtered)."""
+    drops_uniform_groups: ClassVar[bool] = False
+    """Groups whose rewards are all equal are never trained (DAPO's dynamic sampling)."""
+
+    @classmethod
+    def rollouts_per_call(cls, cfg: AllocationConfig) -> int:
+        """Rollouts per prompt of one generation call (what ``training.mini_batch_unit=call_rollouts``
+        counts in): n, where every prompt gets its whole group at once."""
+        return cfg.n
+
+    @classmethod
+    def check_pool(cls, cfg: AllocationConfig, pool_size: int) -> None:
+        """Raise a ConfigError when a pool of ``pool_size`` prompts cannot serve this strategy's rounds."""
 
     def __init__(
         self,
@@ -45,8 +59,7 @@ class AllocationStrategy(ABC):
                 "allocation.train_batch",
                 f"the prompt pool has {pool_size} prompts, fewer than train_batch ({cfg.train_batch}): a batch would repeat prompts",
             )
-        if cfg.strategy == "dapo" and pool_size < cfg.rollouts_per_dapo_round:
-            raise ConfigError("allocation.dapo_batch", f"the prompt pool has {pool_size} prompts, fewer than one DAPO round draws ({cfg.rollouts_per_dapo_round})")
+        self.check_pool(cfg, pool_size)
         self.cfg = cfg
         self.ranks = generation_ranks
         self.trace: TraceSink = trace if trace is not None else NullTrace()

@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable
 
+from megatron_pc.allocation import STRATEGIES
 from megatron_pc.allocation.config import AllocationConfig
 
 
 def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list[str]:
     """Every broken invariant of one run's trace, as readable lines (empty: all hold)."""
+    strategy = STRATEGIES[cfg.strategy]
     problems: list[str] = []
     kept_pilot: dict[int, int] = {}  # prompt -> step of its waiting kept pilot
     evicted: set[int] = set()
@@ -65,10 +67,10 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
                 problems.append(f"step {step}: step_end reports generated {e['generated']}, the events add up to {dict(generated[step])}")
             if e["trained"] != trained[step]:
                 problems.append(f"step {step}: step_end reports {e['trained']} trained rollouts, train_group events add up to {trained[step]}")
-            if cfg.strategy == "grpo" and e["trained"] != cfg.train_batch * cfg.n:
+            if strategy.trains_full_batch and e["trained"] != cfg.train_batch * cfg.n:
                 problems.append(f"step {step}: GRPO trained {e['trained']} rollouts, not train_batch x n = {cfg.train_batch * cfg.n}")
-        elif kind == "epoch_end" and cfg.strategy == "pilot_commit":
-            kept_pilot.clear()  # the buffer is dropped at epoch end
+        elif kind == "epoch_end":
+            kept_pilot.clear()  # a buffer of kept pilots (Pilot-Commit) is dropped at epoch end
     return problems
 
 
@@ -120,6 +122,6 @@ def _check_group(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
     out = []
     if e["size"] != cfg.n:
         out.append(f"step {e['step']}: training group of prompt {e['prompt']} has {e['size']} rollouts, not n = {cfg.n}")
-    if cfg.strategy == "dapo" and e["successes"] in (0, e["size"]):
+    if STRATEGIES[cfg.strategy].drops_uniform_groups and e["successes"] in (0, e["size"]):
         out.append(f"step {e['step']}: DAPO trained on prompt {e['prompt']} whose rollouts all scored alike")
     return out

@@ -7,14 +7,22 @@ from __future__ import annotations
 from typing import Sequence
 
 from megatron_pc.allocation.base import AllocationStrategy, full_requests
+from megatron_pc.allocation.config import AllocationConfig
 from megatron_pc.allocation.types import Request, Rollout, RoundPlan, TrainGroup
-from megatron_pc.errors import RoundLimitError
+from megatron_pc.errors import ConfigError, RoundLimitError
 
 
 class DAPO(AllocationStrategy):
     """Rounds of dapo_batch prompts x n rollouts; zero-variance groups are never trained."""
 
     name = "dapo"
+    drops_uniform_groups = True
+
+    @classmethod
+    def check_pool(cls, cfg: AllocationConfig, pool_size: int) -> None:
+        """One round draws ``dapo_batch`` distinct prompts."""
+        if pool_size < cfg.rollouts_per_dapo_round:
+            raise ConfigError("allocation.dapo_batch", f"the prompt pool has {pool_size} prompts, fewer than one DAPO round draws ({cfg.rollouts_per_dapo_round})")
 
     def _plan_requests(self) -> list[Request]:
         # A small pool may not hold a full round outside the groups already kept this step:

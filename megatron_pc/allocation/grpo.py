@@ -12,6 +12,7 @@ class GRPO(AllocationStrategy):
     """One round per step: train_batch prompts x n rollouts, all trained on."""
 
     name = "grpo"
+    trains_full_batch = True
 
     def _plan_requests(self) -> list[Request]:
         return full_requests(self._draw(self.cfg.train_batch), self.cfg.n)

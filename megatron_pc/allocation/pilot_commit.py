@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from megatron_pc.allocation.base import AllocationStrategy
 from megatron_pc.allocation.buffer import BufferEntry, ReplayBuffer, select_kept_pilots
+from megatron_pc.allocation.config import AllocationConfig
 from megatron_pc.allocation.history import Posterior, PromptHistory
 from megatron_pc.allocation.types import Request, Rollout, RoundPlan, TrainGroup
 
@@ -30,6 +31,11 @@ class PilotCommit(AllocationStrategy):
     """The Pilot-Commit allocation strategy."""
 
     name = "pilot_commit"
+
+    @classmethod
+    def rollouts_per_call(cls, cfg: AllocationConfig) -> int:
+        """A commit's rollouts: the call that completes a group draws only those."""
+        return cfg.commit_rollouts
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -28,6 +28,11 @@ class ClusterConfig:
     """Memory of one GPU in GB (10^9 bytes) that ``megatron-pc plan`` checks layouts against;
     141 is an H200. ``plan --gpu-memory-gb`` overrides it for one check."""
 
+    @property
+    def colocated(self) -> bool:
+        """Whether engines and policy share devices (else each has its own pool)."""
+        return self.placement == "colocated"
+
     def __post_init__(self) -> None:
         if self.data_parallel < 1:
             raise ConfigError("data_parallel", f"must be >= 1, got {self.data_parallel}")

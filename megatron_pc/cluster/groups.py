@@ -93,9 +93,9 @@ def cpu_threads(cfg: Config, cores: int) -> dict[str, int]:
     """
     if cfg.cluster.cpu_threads is not None:
         return {"policy": cfg.cluster.cpu_threads, "engine": cfg.cluster.cpu_threads}
-    world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
+    world = cfg.policy_world
     engines = cfg.rollout.engines * cfg.rollout.tensor_parallel
-    if cfg.cluster.placement == "colocated":
+    if cfg.cluster.colocated:
         return {"policy": max(1, cores // world), "engine": max(1, cores // engines)}
     both = max(1, cores // (world + engines))
     return {"policy": both, "engine": both}
@@ -109,9 +109,9 @@ GPU_ENV_KEEP = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
 def devices_needed(cfg: Config) -> int:
     """Devices (GPUs on a GPU run) the layout occupies: policy TP x PP x DP and engines x engine
     TP, shared when colocated, side by side when split (as ``megatron-pc plan`` counts them)."""
-    world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
+    world = cfg.policy_world
     engine_devices = cfg.rollout.engines * cfg.rollout.tensor_parallel
-    return max(world, engine_devices) if cfg.cluster.placement == "colocated" else world + engine_devices
+    return max(world, engine_devices) if cfg.cluster.colocated else world + engine_devices
 
 
 def ray_gpus() -> float:
@@ -127,10 +127,10 @@ class Placement:
         ray = _import_ray()
         from ray.util.placement_group import placement_group
 
-        self.world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
+        self.world = cfg.policy_world
         self.engines = cfg.rollout.engines
         self.engine_tp = cfg.rollout.tensor_parallel
-        self.colocated = cfg.cluster.placement == "colocated"
+        self.colocated = cfg.cluster.colocated
         self.use_gpu = use_gpu
         self.roles = 1 + int(cfg.training.kl_coef > 0) + int(self.colocated)  # policy, reference, engine
         self.cpus = cfg.cluster.cpus_per_worker

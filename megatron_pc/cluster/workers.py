@@ -52,7 +52,7 @@ class MegatronRank:
 
         host, port = master.rsplit(":", 1)
         os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
-        if not torch.cuda.is_available():
+        if not platform.on_gpu():
             torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         dist.init_process_group(platform.dist_backend(), rank=rank, world_size=world, init_method=f"tcp://{master}")
         init_parallel(model_cfg.tensor_parallel, model_cfg.pipeline_parallel, seed)
@@ -80,10 +80,6 @@ class MegatronRank:
         """Per-response-token log-probs of each sequence (rank 0 returns them)."""
         out = self.worker.compute_logprobs(seqs)
         return [lp.tolist() for lp, _ in out] if self.rank == 0 else None
-
-    def train_step(self, seqs: list[Any], loss_scale: float = 1.0, last_update: bool = True) -> dict[str, float]:
-        """One optimizer update on the global batch (see PolicyWorker.train_step)."""
-        return self.worker.train_step(seqs, loss_scale, last_update)
 
     # ---- a step's rows, kept on the worker (see megatron_pc.training.payload) ----------------
     def layout(self) -> dict[str, int]:
@@ -165,7 +161,6 @@ class MegatronRank:
         """Rank 0: host a new channel to the named engines (closing any old one); returns the
         address the engines join."""
         import ray
-        import torch
 
         from megatron_pc import platform
         from megatron_pc.weight_sync.transports import open_sender
@@ -173,7 +168,7 @@ class MegatronRank:
         if self.rank != 0:
             raise RuntimeError(f"policy rank {self.rank}: only rank 0 sends weights")
         self.close_weight_channel()
-        device = platform.device() if torch.cuda.is_available() else "cpu"
+        device = platform.device() if platform.on_gpu() else "cpu"
         self.sender = open_sender(transport, ray.util.get_node_ip_address(), receivers, device=device, timeout_s=timeout_s)
         return self.sender.address
 
@@ -245,13 +240,11 @@ class EngineActor:
     def join_weight_channel(self, transport: str, address: str, rank: int, size: int, timeout_s: float) -> None:
         """Join policy rank 0's broadcast or CUDA IPC channel as ``rank`` (blocks until the
         broadcast group formed)."""
-        import torch
-
         from megatron_pc import platform
         from megatron_pc.weight_sync.transports import join_receiver
 
         self.close_weight_channel()
-        device = platform.device() if torch.cuda.is_available() else "cpu"
+        device = platform.device() if platform.on_gpu() else "cpu"
         self.receiver = join_receiver(transport, address, rank, size, self.engine.name, device=device, timeout_s=timeout_s)
 
     def close_weight_channel(self) -> None:

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +36,17 @@ from typing import Any, Callable
 from megatron_pc.errors import MegatronPCError
 
 logger = logging.getLogger(__name__)
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+"""What SLURM sends before it preempts a job: the run checkpoints after its step and stops
+(megatron_pc.driver.train.PREEMPTED_EXIT)."""
+
+
+def on_preemption(handler: Callable[[int, Any], None]) -> None:
+    """Let ``handler`` take the preemption signals (after ray.init, which installs its own SIGTERM handler)."""
+    for sig in PREEMPTION_SIGNALS:
+        signal.signal(sig, handler)
+
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 MANIFEST = "MANIFEST.json"
@@ -78,6 +90,27 @@ class CheckpointManager:
         self._prune()
         logger.info("checkpoint saved: %s", final)
         return final
+
+    def save_run(self, step: int, controller: dict[str, Any], policy: Any, written: Callable[[], None]) -> Path:
+        """Checkpoint ``step`` of a run: the policy group (a PolicyGroup) saves into ``policy/``;
+        ``written()`` runs between its files and the manifest (where the fault suite strikes)."""
+
+        def write_policy(path: Path) -> None:
+            policy.call("save", str(path))
+            written()
+
+        return self.save(step, controller, write_policy)
+
+    def resume_point(self) -> tuple[int, Path | None, int | None]:
+        """The step and directory of the newest complete checkpoint ((0, None) without one), and
+        the last step its run's trace covers (None without one): a pipelined checkpoint also
+        holds the next step, generated and traced before it was saved."""
+        latest = self.latest()
+        if latest is None:
+            return 0, None, None
+        step, path = latest
+        pending = (self.load_controller(path).get("pipeline") or {}).get("pending")
+        return step, path, step + (1 if pending else 0)
 
     def _newest_complete(self) -> Path | None:
         complete = sorted((s, p) for s, p in self._step_dirs() if verify(p, checksums=False) is None)

@@ -24,11 +24,12 @@ import time
 from dataclasses import dataclass
 
 from megatron_pc.errors import ConfigError
+from megatron_pc.metrics.phases import FAULT_PHASES
 
 logger = logging.getLogger(__name__)
 
 ENV = "MEGATRON_PC_INJECT_FAULTS"
-PHASES = ("generate", "reward", "logprob", "update", "sync", "validation", "checkpoint")
+PHASES = FAULT_PHASES
 SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}
 _SPEC = re.compile(r"^(?P<sig>\w+)@(?P<phase>\w+):(?P<step>\d+)(?:\+(?P<delay>\d+(?:\.\d*)?))?$")
 

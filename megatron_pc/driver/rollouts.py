@@ -1,45 +1,84 @@
-"""Glue between the allocation strategy, the engines, the reward pool and the policy.
+"""A round of generation: the strategy's plan resolved once against the data, the engine
+calls, and the rewarded rollouts handed back to the strategy.
 
-A round's plan becomes one engine call; each sample becomes a :class:`Rollout` whose opaque
-``data`` is a :class:`RolloutPayload` (response tokens, the engine's log-probs, the finish
-reason, as numpy arrays). A finished step's groups become Megatron :class:`Sequence` rows with GRPO advantages
-computed per group.
+The plan names prompts by pool index; :func:`resolve_round` looks each one up once and the
+round carries the result (token ids for the engines, the answer for the reward) to the end.
+Each sample becomes a :class:`Rollout` whose opaque ``data`` is a :class:`RolloutPayload`
+(response tokens, the engine's log-probs, the finish reason, as numpy arrays).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Sequence as Seq
+from typing import Any
 
-import torch
-
-from megatron_pc.algo.advantages import group_advantages
-from megatron_pc.allocation import Rollout, RoundPlan, TrainGroup
-from megatron_pc.rollout.base import GenerationRequest, GenerationResult
-from megatron_pc.training.batching import Sequence
-from megatron_pc.training.payload import RolloutPayload, as_payload
+from megatron_pc.allocation import Rollout, RoundPlan
+from megatron_pc.allocation.types import RequestKind
+from megatron_pc.config import Config
+from megatron_pc.rollout.base import GenerationRequest, GenerationResult, SamplingSettings, derive_seed, merge_results
+from megatron_pc.training.payload import RolloutPayload
 
 
-@dataclass
-class RoundOutcome:
-    """What a round produced, for metrics."""
+@dataclass(frozen=True)
+class PromptRequest:
+    """One planned request with what generation and the reward need of its prompt."""
 
-    rollouts: list[list[Rollout]]
-    generated_tokens: int
-    generate_seconds: float
-    reward_seconds: float
+    prompt: int
+    """The prompt's pool index: its group's id for the strategy and the update."""
+    kind: RequestKind
+    n: int
+    token_ids: tuple[int, ...]
+    answer: str
+
+    @property
+    def generation(self) -> GenerationRequest:
+        """The engine's request: the prompt's token ids and the number of samples."""
+        return GenerationRequest(self.token_ids, self.n)
 
 
-def plan_to_requests(plan: RoundPlan, prompt_tokens: Seq[Seq[int]]) -> list[GenerationRequest]:
-    """One engine request per planned request, in plan order: pilots and commits together."""
-    return [GenerationRequest(tuple(prompt_tokens[r.prompt]), r.n) for r in plan.requests]
+def resolve_round(plan: RoundPlan, token_ids: Sequence[Sequence[int]], answers: Callable[[int], str]) -> list[PromptRequest]:
+    """The plan's requests, in plan order, each with its prompt's token ids and answer
+    (``answers(prompt)``): the one lookup of a prompt on its way to the update."""
+    return [PromptRequest(r.prompt, r.kind, r.n, tuple(token_ids[r.prompt]), answers(r.prompt)) for r in plan.requests]
 
 
-def to_rollouts(result: GenerationResult, rewards: Seq[tuple[float, bool]]) -> list[list[Rollout]]:
-    """Pair every sample with its (reward, correct), keeping per-request grouping and order."""
+def generate_round(
+    engines: Any, plan: RoundPlan, requests: Sequence[PromptRequest], cfg: Config, timer: Callable[[str], AbstractContextManager[Any]]
+) -> tuple[GenerationResult, int]:
+    """The round's samples in request order, and the engine calls made: one with binding (pilots
+    and commits share the call), else new prompts first, then commits. Seeds depend only on
+    the run's seed, the step, the round and the call."""
+    parts = [list(range(len(requests)))]
+    if not cfg.allocation.binding:
+        new = [i for i, r in enumerate(requests) if r.kind != "commit"]
+        commits = [i for i, r in enumerate(requests) if r.kind == "commit"]
+        parts = [p for p in (new, commits) if p]
+    outs = []
+    for k, part in enumerate(parts):
+        seed = derive_seed(cfg.seed, "round", plan.step, plan.round, *(["call", k] if k else []))
+        with timer("generate"):
+            outs.append(engines.generate([requests[i].generation for i in part], SamplingSettings.from_config(cfg.rollout, seed=seed)))
+    out = outs[0] if len(outs) == 1 else merge_results(outs, parts, len(requests))
+    return out, len(parts)
+
+
+def answers_of(requests: Sequence[PromptRequest]) -> list[str]:
+    """The answer every sample of the round is graded against, in request then sample order."""
+    return [r.answer for r in requests for _ in range(r.n)]
+
+
+def to_rollouts(requests: Sequence[PromptRequest], result: GenerationResult, rewards: Sequence[tuple[float, bool]]) -> list[list[Rollout]]:
+    """Per request, its ``n`` samples with their (reward, correct), in request order; a
+    ValueError when the result does not hold exactly each request's samples."""
+    if len(result.samples) != len(requests):
+        raise ValueError(f"the engines returned samples for {len(result.samples)} requests, the round made {len(requests)}")
     out: list[list[Rollout]] = []
     flat = iter(rewards)
-    for samples in result.samples:
+    for request, samples in zip(requests, result.samples):
+        if len(samples) != request.n:
+            raise ValueError(f"prompt {request.prompt}: {len(samples)} samples where {request.n} were asked for")
         group = []
         for s in samples:
             reward, correct = next(flat)
@@ -50,29 +89,5 @@ def to_rollouts(result: GenerationResult, rewards: Seq[tuple[float, bool]]) -> l
     return out
 
 
-def groups_to_sequences(groups: Seq[TrainGroup], prompt_tokens: Seq[Seq[int]], std_normalize: bool) -> list[Sequence]:
-    """Training rows of a step: prompt + response per rollout, advantage shared per group.
-
-    Rollouts with an empty response carry no trainable token and are left out (their reward
-    still counted in the group's baseline).
-    """
-    if not groups:
-        return []
-    advantages = rollout_advantages(groups, std_normalize)
-    seqs = []
-    k = 0
-    for g in groups:
-        prompt = list(prompt_tokens[g.prompt])
-        for r in g.rollouts:
-            payload = as_payload(r.data)
-            if len(payload.tokens):
-                seqs.append(Sequence(prompt + payload.tokens.tolist(), len(prompt), advantages[k], engine_logprobs=payload.logprobs.tolist()))
-            k += 1
-    return seqs
-
-
-def rollout_advantages(groups: Seq[TrainGroup], std_normalize: bool) -> list[float]:
-    """The GRPO advantage of every rollout of ``groups``, in order, normalised per group."""
-    rewards = torch.tensor([r.reward for g in groups for r in g.rollouts], dtype=torch.float64)
-    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.rollouts], dtype=torch.int64)
-    return group_advantages(rewards, ids, std_normalize=std_normalize).tolist()
+# megatron_pc.bench.datapath imports it from here; its home is the update's row walk.
+from megatron_pc.driver.update import groups_to_sequences  # noqa: E402,F401

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
+from megatron_pc.allocation import StepResult, TrainGroup
 from megatron_pc.console import CONSOLE
+from megatron_pc.driver.update import PolicyGroup, groups_to_sequences
 from megatron_pc.errors import MegatronPCError
 from megatron_pc.rollout.config import LOGPROB_GAP_FAR, RolloutConfig
+from megatron_pc.training.payload import as_payload
 
 logger = logging.getLogger(__name__)
 
@@ -65,3 +70,28 @@ class SyncCheck:
             if gap > self.warn:
                 logger.warning("step %d: engine %s mean |log-prob gap| %.3g after the sync is over the %s threshold %g "
                                "(rollout.logprob_gap_warn)", step, name, gap, self.precision, self.warn, extra=CONSOLE)  # fmt: skip
+
+    def check(
+        self, result: StepResult, prompt_tokens: Sequence[Sequence[int]], policy: PolicyGroup, engines: Any,
+        timer: Callable[[str], AbstractContextManager[Any]],
+    ) -> float:  # fmt: skip
+        """Engine vs trainer log-probs on the first rollout of up to 4 of the step's groups,
+        after the sync, on every engine (a RestartingEngines); judged, then the worst engine's
+        mean gap (NaN when the step trained no response)."""
+        firsts = [TrainGroup(g.prompt, g.rollouts[:1], g.step) for g in result.groups[:4] if len(as_payload(g.rollouts[0].data).tokens)]
+        if not firsts:
+            return float("nan")
+        with timer("sync_check"):
+            seqs = groups_to_sequences(firsts, prompt_tokens, std_normalize=False)
+            trainer_lp = policy.call("logprobs", seqs)
+            per_engine = engines.call("sync check", lambda: engines.group.score_each([s.tokens for s in seqs]))
+        gaps = {}
+        for engine, engine_lp in zip(engines.group.engines, per_engine):
+            # engine_lp[i][t] is the log-prob of token t+1; response tokens start at prompt_len.
+            diffs = [abs(a - b) for s, t, e in zip(seqs, trainer_lp, engine_lp) for a, b in zip(t, e[s.prompt_len - 1 :])]
+            if not diffs:
+                raise MegatronPCError(f"the sync check compared no tokens of engine {engine.name}: engine and trainer log-probs are misaligned")
+            gaps[engine.name] = sum(diffs) / len(diffs)
+        logger.debug("sync check: gaps %s", gaps)
+        self.judge(result.step, gaps)
+        return max(gaps.values())

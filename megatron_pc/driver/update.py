@@ -15,16 +15,17 @@ or an in-process stand-in in the tests).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable, Iterator, Sequence as Seq
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import numpy as np
 
-from megatron_pc.allocation import TrainGroup
-from megatron_pc.driver.rollouts import rollout_advantages
+from megatron_pc.algo.advantages import rollout_advantages
+from megatron_pc.allocation import STRATEGIES, TrainGroup
 from megatron_pc.config import Config
-from megatron_pc.training.payload import RowPlan, as_payload
+from megatron_pc.training.batching import Sequence
+from megatron_pc.training.payload import RolloutPayload, RowPlan, as_payload
 
 
 class PolicyGroup(Protocol):
@@ -44,30 +45,49 @@ class PolicyGroup(Protocol):
         """``method(*args)`` on every rank; rank 0's result."""
 
 
-def plan_rows(groups: Seq[TrainGroup], prompt_tokens: Seq[Seq[int]], cfg: Config) -> RowPlan:
-    """The step's training rows and their updates under ``training.mini_batch_unit`` (see
-    TrainingConfig): one row per rollout with a response, advantages normalised per group."""
-    t, a = cfg.training, cfg.allocation
-    advantages = rollout_advantages(groups, t.std_normalize)
-    prompts, responses, advs, group_of = [], [], [], []
+def trained_rollouts(groups: Seq[TrainGroup], std_normalize: bool) -> Iterator[tuple[int, RolloutPayload, float]]:
+    """(group index, payload, advantage) of every rollout that has a response, in order;
+    advantages normalised per group. An empty response counts in its group's baseline but
+    carries no trainable token, so it is left out."""
+    advantages = rollout_advantages(groups, std_normalize)
     k = 0
     for gi, g in enumerate(groups):
-        prompt = np.asarray(prompt_tokens[g.prompt], dtype=np.int32)
         for r in g.rollouts:
             payload = as_payload(r.data)
-            if len(payload.tokens):  # an empty response counts in the baseline, is not trained
-                prompts.append(prompt)
-                responses.append(payload)
-                advs.append(advantages[k])
-                group_of.append(gi)
+            if len(payload.tokens):
+                yield gi, payload, advantages[k]
             k += 1
+
+
+def groups_to_sequences(groups: Seq[TrainGroup], prompt_tokens: Seq[Seq[int]], std_normalize: bool) -> list[Sequence]:
+    """The rows of :func:`trained_rollouts` as Megatron sequences (prompt + response), with the
+    engine's log-probs (the sync check scores them on both sides)."""
+    if not groups:
+        return []
+    prompts = [list(prompt_tokens[g.prompt]) for g in groups]
+    return [Sequence(prompts[gi] + p.tokens.tolist(), len(prompts[gi]), adv, engine_logprobs=p.logprobs.tolist())
+            for gi, p, adv in trained_rollouts(groups, std_normalize)]  # fmt: skip
+
+
+def plan_rows(groups: Seq[TrainGroup], prompt_tokens: Seq[Seq[int]], cfg: Config) -> RowPlan:
+    """The step's training rows and their updates under ``training.mini_batch_unit`` (see
+    TrainingConfig): one row per rollout with a response, advantages normalised per group.
+    ``prompt_tokens[g.prompt]``: the token ids of group ``g``'s prompt."""
+    t, a = cfg.training, cfg.allocation
+    prompt_arrays = [np.asarray(prompt_tokens[g.prompt], dtype=np.int32) for g in groups]
+    prompts, responses, advs, group_of = [], [], [], []
+    for gi, payload, advantage in trained_rollouts(groups, t.std_normalize):
+        prompts.append(prompt_arrays[gi])
+        responses.append(payload)
+        advs.append(advantage)
+        group_of.append(gi)
     if t.mini_batch_unit == "groups":
         raw = [gi // t.mini_batch for gi in group_of]
         size = None
     else:
         # call_rollouts: verl sizes a mini-batch as mini_batch x the rollouts per prompt of one
         # generation call, and a short last one contributes in proportion to its size.
-        size = t.mini_batch * (a.commit_rollouts if a.strategy == "pilot_commit" else a.n)
+        size = t.mini_batch * STRATEGIES[a.strategy].rollouts_per_call(a)
         raw = [i // size for i in range(len(responses))]
     compact = {u: k for k, u in enumerate(sorted(set(raw)))}  # mini-batches with no row drop out
     update = np.array([compact[u] for u in raw], dtype=np.int32)
@@ -144,14 +164,3 @@ def combine_updates(updates: list[dict[str, float]]) -> dict[str, float]:
     out["lr"] = updates[0]["lr"]
     out["updates"] = float(len(updates))
     return out
-
-
-def response_metrics(lengths: Seq[int], finish_reasons: Seq[str]) -> dict[str, float]:
-    """Response length mean and max, and the share cut at ``max_tokens``, of a step's rollouts."""
-    if not lengths:
-        return {}
-    return {
-        "response_length_mean": sum(lengths) / len(lengths),
-        "response_length_max": float(max(lengths)),
-        "truncated_share": sum(1 for f in finish_reasons if f == "length") / len(finish_reasons),
-    }

@@ -166,7 +166,7 @@ def check_gpu_counts(layout: Layout) -> list[str]:
     )
     engines = f"engines x engine TP = {layout.engines} x {layout.engine_tensor_parallel} = {layout.engine_gpus} GPUs"
     have = f"the cluster has {layout.nodes} x {layout.gpus_per_node} = {layout.gpus}"
-    if layout.placement == "colocated":
+    if layout.colocated:
         problems = []
         if layout.policy_gpus != layout.gpus:
             problems.append(f"colocated: {policy}, but {have} (set cluster.data_parallel)")

@@ -118,8 +118,8 @@ def generation_seconds(shape: ModelShape, cfg: Any, a: Assumptions, rollouts: fl
 
 def training_seconds(shape: ModelShape, cfg: Any, a: Assumptions, trained: float) -> float:
     """Old log-probs (one forward pass) and the update (three) over every trained token."""
-    world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
-    colocated = cfg.cluster.placement == "colocated"
+    world = cfg.policy_world
+    colocated = cfg.cluster.colocated
     gpus = a.nodes * a.gpus_per_node if colocated else world
     t = a.prompt_tokens + a.response_tokens
     flops = 4.0 * forward_flops(shape, trained * t, trained * t * t / 2)
@@ -129,9 +129,9 @@ def training_seconds(shape: ModelShape, cfg: Any, a: Assumptions, trained: float
 def project(cfg: Any, shape: ModelShape, a: Assumptions) -> dict[str, Any]:
     """Seconds per step and their parts for every strategy, and the ratios to Pilot-Commit."""
     gpus = a.nodes * a.gpus_per_node
-    world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
+    world = cfg.policy_world
     engine_gpus = cfg.rollout.engines * cfg.rollout.tensor_parallel
-    need = max(world, engine_gpus) if cfg.cluster.placement == "colocated" else world + engine_gpus
+    need = max(world, engine_gpus) if cfg.cluster.colocated else world + engine_gpus
     if need > gpus:
         raise MegatronPCError(f"the layout needs {need} GPUs (policy TP x PP x DP = {world}, engines x TP = {engine_gpus}, "
                               f"{cfg.cluster.placement} placement) but --nodes x --gpus-per-node gives {gpus}")  # fmt: skip

@@ -1,7 +1,7 @@
 """Per-step metrics: JSONL and TensorBoard in the run directory, W&B when asked, a progress bar.
 
-One small interface (:class:`MetricsSink`) with a null default; :func:`open_metrics` builds
-the sinks a :class:`LoggingConfig` asks for. On resume, metrics written after the checkpoint
+One small interface (:class:`MetricsSink`; no sink at all drops everything): :func:`open_metrics`
+builds the sinks a :class:`LoggingConfig` asks for. On resume, metrics written after the checkpoint
 step are cut from metrics.jsonl so a resumed run's file equals an uninterrupted run's.
 """
 
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
+from megatron_pc.console import CONSOLE
 from megatron_pc.metrics.config import LoggingConfig
 
 logger = logging.getLogger(__name__)
@@ -41,16 +42,6 @@ class MetricsSink(Protocol):
 
     def close(self) -> None:
         """Flush and release resources."""
-
-
-class NullMetrics:
-    """Drops everything (the default where no metrics are wanted)."""
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Drop the metrics."""
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 class JsonlMetrics:
@@ -209,6 +200,13 @@ def open_metrics(
     if cfg.progress:
         sinks.append(ProgressBar(total_steps, resume_step or 0))
     return MultiMetrics(sinks)
+
+
+def report_peak_memory(peaks: dict[str, int], run_dir: Path) -> None:
+    """Peak RSS of every process of a run (bytes, by name), in ``peak_memory.json`` and on the console."""
+    (run_dir / "peak_memory.json").write_text(json.dumps(peaks, indent=1) + "\n")
+    gib = {name: b / 2**30 for name, b in peaks.items()}
+    logger.info("peak RSS: %s; total %.2f GiB", ", ".join(f"{n} {v:.2f} GiB" for n, v in gib.items()), sum(gib.values()), extra=CONSOLE)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

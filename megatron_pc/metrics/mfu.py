@@ -33,7 +33,6 @@ PEAK_TFLOPS: dict[str, float] = {
     "H100": 989.0,
     "A100": 312.0,
 }
-PHASES = ("generate", "logprob", "reference", "update")
 
 
 def matmul_params(shape: ModelShape) -> int:
@@ -50,7 +49,8 @@ def forward_flops(shape: ModelShape, tokens: float, attention_pairs: float) -> f
 
 
 def step_flops(shape: ModelShape, row: dict[str, Any]) -> dict[str, float]:
-    """FLOPs of each phase of one step, from its metrics row (phases it did not run are left out)."""
+    """FLOPs of each phase of one step (of megatron_pc.metrics.phases.FLOP_PHASES), from its
+    metrics row (phases it did not run are left out)."""
     out: dict[str, float] = {}
     if row.get("generated_tokens") is not None and row.get("gen_attention_pairs") is not None:
         out["generate"] = forward_flops(shape, row.get("gen_prompt_tokens", 0) + row["generated_tokens"], row["gen_attention_pairs"])

@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from megatron_pc import platform
 from megatron_pc.models.hf_config import HFArch, check_parallel_sizes
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def padded_vocab_size(vocab_size: int, tp: int) -> int:
 
 def transformer_engine_available() -> bool:
     """Transformer Engine imports and there is a GPU to run it on."""
-    if not torch.cuda.is_available():
+    if not platform.on_gpu():
         return False
     try:
         importlib.import_module("transformer_engine.pytorch")
@@ -74,7 +75,7 @@ def transformer_config(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     check_parallel_sizes(arch, tp, pp)
-    on_gpu = torch.cuda.is_available()
+    on_gpu = platform.on_gpu()
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -136,6 +137,6 @@ def build_gpt_model(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype, u
         rope_scaling=arch.rope_scaling_factor is not None,
         rope_scaling_factor=arch.rope_scaling_factor or 8.0,
     )
-    if torch.cuda.is_available():
+    if platform.on_gpu():
         model.cuda(torch.cuda.current_device())
     return model

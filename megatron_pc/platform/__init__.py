@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 _CPU_ADAPTER_NAMES = ("PATCHES", "apply_cpu_adapter", "cpu_adapter_active", "cpu_adapter_needed", "remove_cpu_adapter")
 
-__all__ = [*_CPU_ADAPTER_NAMES, "device", "default_dtype", "dist_backend"]
+__all__ = [*_CPU_ADAPTER_NAMES, "on_gpu", "device", "default_dtype", "dist_backend"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,11 +24,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def on_gpu() -> bool:
+    """Whether this process computes on a CUDA device (this Python's torch sees one)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def device() -> "torch.device":
     """The device this process computes on: the current CUDA device, else CPU."""
     import torch
 
-    if torch.cuda.is_available():
+    if on_gpu():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -37,11 +44,9 @@ def default_dtype() -> "torch.dtype":
     """Parameter dtype for ``params_dtype: auto``: bf16 on GPU, fp32 on CPU."""
     import torch
 
-    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return torch.bfloat16 if on_gpu() else torch.float32
 
 
 def dist_backend() -> str:
     """torch.distributed backend: NCCL on GPU, gloo on CPU."""
-    import torch
-
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if on_gpu() else "gloo"

@@ -206,3 +206,16 @@ def _context() -> Any:
         ctx.set_forkserver_preload(["megatron_pc.reward.worker"])
         return ctx
     return mp.get_context("spawn")
+
+
+def reward_faults(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """What went wrong in the reward pool between two readings of its ``counters``: items that
+    overran ``reward.timeout_s``, items whose worker died or raised (each graded 0), and the
+    workers replaced."""
+
+    def delta(reason: str) -> int:
+        return after.get(reason, 0) - before.get(reason, 0)
+
+    errors = sum(after[r] - before.get(r, 0) for r in after if r.startswith("error:"))
+    return {"reward_timeouts": delta("timeout"), "reward_errors": delta("worker_died") + errors,
+            "reward_worker_restarts": delta("worker_restarts")}  # fmt: skip

@@ -93,10 +93,17 @@ class GenerationResult:
     seconds: float = 0.0
     per_engine_seconds: list[float] = field(default_factory=list)
 
-    @property
-    def tokens_per_second(self) -> float:
-        """Generated tokens per wall-clock second of the call."""
-        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+def merge_results(outs: Sequence[GenerationResult], parts: Sequence[Sequence[int]], n: int) -> GenerationResult:
+    """The results of calls that each served ``parts[k]`` (request indices) of ``n`` requests, as
+    one result in request order."""
+    samples: list[list[Sample]] = [[] for _ in range(n)]
+    for out, part in zip(outs, parts):
+        if len(out.samples) != len(part):
+            raise ValueError(f"a call served {len(part)} requests but returned samples for {len(out.samples)}")
+        for i, got in zip(part, out.samples):
+            samples[i] = got
+    return GenerationResult(samples, sum(o.prompt_tokens for o in outs), sum(o.generated_tokens for o in outs), sum(o.seconds for o in outs))
 
 
 @dataclass
@@ -106,11 +113,6 @@ class WeightPushStats:
     tensors: int
     bytes: int
     seconds: float
-
-    @property
-    def mb_per_second(self) -> float:
-        """Throughput in MB (10^6 bytes) per second."""
-        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
 
 class RolloutEngine(abc.ABC):

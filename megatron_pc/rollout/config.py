@@ -120,11 +120,11 @@ class RolloutConfig:
         ``precision`` (``fp32``, or ``bf16`` when either side computes in 16 bits)."""
         return self.logprob_gap_warn if self.logprob_gap_warn is not None else LOGPROB_GAP_WARN[precision]
 
-    def check_placement(self, placement: str, field_prefix: str = "") -> None:
-        """Transports that need a placement (``cluster.placement``): cuda_ipc needs colocated."""
-        if self.weight_transport == "cuda_ipc" and placement != "colocated":
-            err = ConfigError("weight_transport", f"cuda_ipc needs cluster.placement=colocated (the engine must share policy rank 0's GPU), "
-                              f"got {placement}; use broadcast")
+    def check_placement(self, colocated: bool, field_prefix: str = "") -> None:
+        """Transports that need a placement (``cluster.colocated``): cuda_ipc needs colocated."""
+        if self.weight_transport == "cuda_ipc" and not colocated:
+            err = ConfigError("weight_transport", "cuda_ipc needs cluster.placement=colocated (the engine must share policy rank 0's GPU), "
+                              "got split; use broadcast")
             raise err.within(field_prefix)
 
     def resolve_transport(self, *, use_gpu: bool, colocated: bool, field_prefix: str = "rollout") -> str:

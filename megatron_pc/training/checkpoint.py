@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_pc import platform
 from megatron_pc.errors import MegatronPCError
 
 logger = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def _rng_state() -> dict[str, Any]:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     state = {"torch": torch.get_rng_state(), "tracker": get_cuda_rng_tracker().get_states()}
-    if torch.cuda.is_available():
+    if platform.on_gpu():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
@@ -139,7 +140,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
     torch.set_rng_state(state["torch"])
     get_cuda_rng_tracker().set_states(state["tracker"])
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and platform.on_gpu():
         torch.cuda.set_rng_state(state["cuda"])
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from megatron_pc import platform
 from megatron_pc.training.config import MemorySettings
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ GB = 1e9
 
 
 def _reserved_gb() -> float:
-    return torch.cuda.memory_reserved() / GB if torch.cuda.is_available() else 0.0
+    return torch.cuda.memory_reserved() / GB if platform.on_gpu() else 0.0
 
 
 def _optimizer_owns_model_params(worker: Any) -> bool:
@@ -46,7 +47,7 @@ def offload_for_generation(worker: Any, settings: MemorySettings) -> dict[str, f
     """Free or move what ``settings`` says; records what is away on ``worker._offloaded``.
     Returns {"reserved_before_gb", "reserved_after_gb"} of this device."""
     before = _reserved_gb()
-    on_gpu = torch.cuda.is_available()
+    on_gpu = platform.on_gpu()
     if on_gpu:
         torch.cuda.synchronize()
     if settings.offload_grads and "grads" not in worker._offloaded:
@@ -69,7 +70,7 @@ def offload_for_generation(worker: Any, settings: MemorySettings) -> dict[str, f
 
 def reload_for_training(worker: Any) -> None:
     """Bring back what :func:`offload_for_generation` took; nothing when nothing is away."""
-    on_gpu = torch.cuda.is_available()
+    on_gpu = platform.on_gpu()
     if worker._offloaded.pop("grads", False) and on_gpu:
         worker.model.restore_grad_buffers(synchronize=False)
     if worker._offloaded.pop("optimizer", False) and on_gpu:

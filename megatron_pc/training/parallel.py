@@ -23,13 +23,13 @@ def init_parallel(tp: int, pp: int, seed: int = 1234) -> None:
     if world % (tp * pp):
         raise ValueError(f"world size {world} is not a multiple of TP x PP = {tp * pp}")
     platform.apply_cpu_adapter()
-    if torch.cuda.is_available():
+    if platform.on_gpu():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     torch.manual_seed(seed)
     # On CPU there is no CUDA RNG to fork per TP rank; the inference tracker's fork() is a
     # no-op, which is exact because dropout is off.
-    model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available(),
+    model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not platform.on_gpu(),
                                     force_reset_rng=True)
     logger.debug("parallel groups: TP=%d PP=%d DP=%d", tp, pp, world // (tp * pp))
 

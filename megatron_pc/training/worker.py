@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_pc import platform
 from megatron_pc.models.config import ModelConfig
 from megatron_pc.models.hf_config import HFArch, load_arch
 from megatron_pc.models.hf_weights import load_hf_weights
@@ -50,7 +51,7 @@ class ReferenceWorker:
         self.micro_batch_tokens = micro_batch_tokens
         self.logprob_chunk_tokens = logprob_chunk_tokens
         if sequence_parallel is None:
-            sequence_parallel = model_cfg.tensor_parallel > 1 and torch.cuda.is_available()
+            sequence_parallel = model_cfg.tensor_parallel > 1 and platform.on_gpu()
         self.sequence_parallel = sequence_parallel
         self.model = build_model(self.arch, model_cfg, trainable=self.trainable, sequence_parallel=sequence_parallel)
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
@@ -200,7 +201,7 @@ class PolicyWorker(ReferenceWorker):
         ``offload_optimizer`` / ``empty_cache`` say for this placement. Returns GB of device
         memory reserved before and after (0 on CPU). The next update (or
         :meth:`reload_for_training`) brings everything back."""
-        settings = self.train_cfg.memory_settings(colocated, self.model_cfg.tensor_parallel, torch.cuda.is_available())
+        settings = self.train_cfg.memory_settings(colocated, self.model_cfg.tensor_parallel, platform.on_gpu())
         return offload_for_generation(self, settings)
 
     def reload_for_training(self) -> None:

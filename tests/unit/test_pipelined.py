@@ -46,7 +46,7 @@ def test_pipelined_rollouts_are_one_step_off_policy_and_every_invariant_holds(tm
 
 def test_pilot_commit_pilots_are_older_by_their_buffer_wait() -> None:
     from megatron_pc.allocation import Rollout, StepResult, TrainGroup
-    from megatron_pc.driver.trainer import Versions
+    from megatron_pc.driver.pipeline import Versions
 
     versions = Versions(engines=3, by_step={2: 1, 3: 2, 4: 2})
     group = TrainGroup(7, [Rollout(1.0, True)] * 2 + [Rollout(0.0, False)] * 3, step=4, pilot_step=2, n_pilot=2)

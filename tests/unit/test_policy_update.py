@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from megatron_pc.allocation import Rollout, TrainGroup
-from megatron_pc.driver.update import combine_updates, plan_rows, response_metrics, update_policy
+from megatron_pc.driver.update import combine_updates, plan_rows, update_policy
+from megatron_pc.metrics.timing import response_metrics
 from megatron_pc.config import load_config
 from megatron_pc.training.payload import RolloutPayload, split_by_tokens
 from standins import StandInGroup

@@ -1,4 +1,5 @@
-"""Plans become engine requests in order; groups become rows with per-group advantages."""
+"""A plan is resolved once into requests that carry their prompt's token ids and answer; samples
+are paired with the request that asked for them; groups become rows with per-group advantages."""
 
 from __future__ import annotations
 
@@ -7,20 +8,27 @@ import json
 import pytest
 
 from megatron_pc.allocation import Request, Rollout, RoundPlan, TrainGroup
-from megatron_pc.driver.rollouts import groups_to_sequences, plan_to_requests, to_rollouts
-from megatron_pc.rollout.base import GenerationResult, Sample
+from megatron_pc.driver.rollouts import PromptRequest, answers_of, resolve_round, to_rollouts
+from megatron_pc.driver.update import groups_to_sequences
+from megatron_pc.rollout.base import GenerationResult, Sample, merge_results
 from megatron_pc.training.payload import as_payload
 
 
-def test_a_bound_round_is_one_request_list_in_plan_order() -> None:
+def test_a_round_is_resolved_once_into_requests_in_plan_order_with_tokens_and_answers() -> None:
     plan = RoundPlan(1, 1, [Request(2, 4, "pilot"), Request(0, 12, "commit")])
-    reqs = plan_to_requests(plan, [[5, 6], [7], [8, 9, 10]])
-    assert [(r.prompt_token_ids, r.n) for r in reqs] == [((8, 9, 10), 4), ((5, 6), 12)]
+    reqs = resolve_round(plan, [[5, 6], [7], [8, 9, 10]], lambda prompt: f"a{prompt}")
+    assert [(r.prompt, r.kind, r.token_ids, r.answer) for r in reqs] == [(2, "pilot", (8, 9, 10), "a2"), (0, "commit", (5, 6), "a0")]
+    assert [(g.prompt_token_ids, g.n) for g in (r.generation for r in reqs)] == [((8, 9, 10), 4), ((5, 6), 12)]
+    assert answers_of(reqs) == ["a2"] * 4 + ["a0"] * 12
+
+
+def _requests(*ns: int) -> list[PromptRequest]:
+    return [PromptRequest(i, "full", n, (1,), str(i)) for i, n in enumerate(ns)]
 
 
 def test_rewards_are_paired_with_samples_in_order() -> None:
     result = GenerationResult([[Sample([1], [-0.1], "stop"), Sample([2, 3], [-0.2, -0.3], "length")], [Sample([4], [-0.4], "stop")]])
-    out = to_rollouts(result, [(1.0, True), (0.0, False), (0.5, False)])
+    out = to_rollouts(_requests(2, 1), result, [(1.0, True), (0.0, False), (0.5, False)])
     assert [[r.reward for r in g] for g in out] == [[1.0, 0.0], [0.5]]
     payload = out[0][1].data
     assert payload.tokens.tolist() == [2, 3] and payload.logprobs.tolist() == pytest.approx([-0.2, -0.3]) and payload.finish == "length"
@@ -28,7 +36,23 @@ def test_rewards_are_paired_with_samples_in_order() -> None:
     back = as_payload(Rollout.from_json(json.loads(json.dumps(out[0][1].to_json()))).data)
     assert back.tokens.tolist() == [2, 3] and back.logprobs.tolist() == payload.logprobs.tolist() and back.finish == "length"
     with pytest.raises(ValueError):
-        to_rollouts(result, [(1.0, True)] * 4)
+        to_rollouts(_requests(2, 1), result, [(1.0, True)] * 4)
+
+
+def test_samples_that_do_not_match_their_requests_are_refused_naming_the_prompt() -> None:
+    result = GenerationResult([[Sample([1], [-0.1], "stop")], [Sample([4], [-0.4], "stop")]])
+    with pytest.raises(ValueError, match="prompt 1: 1 samples where 2 were asked for"):
+        to_rollouts(_requests(1, 2), result, [(1.0, True)] * 3)
+    with pytest.raises(ValueError, match="samples for 2 requests, the round made 3"):
+        to_rollouts(_requests(1, 1, 1), result, [(1.0, True)] * 3)
+
+
+def test_two_calls_merge_back_into_request_order() -> None:
+    a = GenerationResult([[Sample([1], [0.0], "stop")], [Sample([3], [0.0], "stop")]], prompt_tokens=2, generated_tokens=2, seconds=1.0)
+    b = GenerationResult([[Sample([2], [0.0], "stop")]], prompt_tokens=1, generated_tokens=1, seconds=0.5)
+    out = merge_results([a, b], [[0, 2], [1]], 3)
+    assert [s[0].token_ids for s in out.samples] == [[1], [2], [3]]
+    assert (out.prompt_tokens, out.generated_tokens, out.seconds) == (3, 3, 1.5)
 
 
 def _rollout(reward: float, tokens: list[int]) -> Rollout:

@@ -17,7 +17,8 @@ from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
 from megatron_pc.driver.prepare import RunData
 from megatron_pc.driver.faults import ENV, PHASES, Fault, parse
-from megatron_pc.driver.trainer import PREEMPTION_SIGNALS, Trainer
+from megatron_pc.driver.checkpoints import PREEMPTION_SIGNALS
+from megatron_pc.driver.trainer import Trainer
 from megatron_pc.errors import ConfigError
 from megatron_pc.config import load_config
 from megatron_pc.data.records import PromptRecord
@@ -140,7 +141,7 @@ def test_an_engine_that_keeps_dying_stops_the_run_with_an_error_naming_it(tmp_pa
 
 
 def test_reward_faults_are_the_counts_of_the_step() -> None:
-    from megatron_pc.driver.trainer import reward_faults
+    from megatron_pc.reward.pool import reward_faults
 
     before = {"scored": 10, "timeout": 1, "worker_restarts": 1, "error:ValueError": 2}
     after = {"scored": 30, "timeout": 3, "worker_restarts": 4, "worker_died": 1, "error:ValueError": 2, "error:KeyError": 1, "correct": 5}
