@@ -128,8 +128,9 @@ class WandbMetrics:
         self._run = wandb.init(project=project, name=run_name, id=self.run_id, resume="allow", dir=where, config=config)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Log the step's finite numbers (None and NaN are left out, as in TensorBoard)."""
-        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        """Log the step's finite numbers (None and NaN are left out, as in TensorBoard; the step
+        is W&B's own step, not a scalar)."""
+        scalars = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
         self._run.log(scalars, step=step)
 
     def close(self) -> None:

@@ -50,16 +50,43 @@ def _chunks(data: bytes) -> Iterator[bytes]:
             yield pending + payload
 
 
-def read_offline_runs(wandb_dir: Path) -> list[dict[str, Any]]:
-    """Every offline run under ``wandb_dir`` in start order: its id, config and history by step."""
+def _records(path: Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2 as pb
 
+    records = []
+    for chunk in _chunks(path.read_bytes()):
+        record = pb.Record()
+        record.ParseFromString(chunk)
+        records.append(record)
+    return records
+
+
+def _finished_records(path: Path, timeout_s: float = 120.0) -> list[Any]:
+    """The records of a run file once W&B has written its last (``exit``) record. ``finish()``
+    returns before wandb's core service has flushed the file, so a read right after it can see
+    a prefix of the run (seen here: no run record, or the last steps' history missing)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _records(path)
+        if records and records[-1].WhichOneof("record_type") == "exit":
+            return records
+        if time.monotonic() > deadline:
+            kinds = [r.WhichOneof("record_type") for r in records]
+            raise AssertionError(f"{path}: no exit record after {timeout_s:.0f} s; records so far: {kinds}")
+        time.sleep(0.5)
+
+
+def read_offline_runs(wandb_dir: Path, expected: int) -> list[dict[str, Any]]:
+    """The ``expected`` offline runs under ``wandb_dir`` in start order, each once complete: its
+    id, config and history by step."""
+    deadline = time.monotonic() + 60
+    while len(paths := sorted(wandb_dir.glob("wandb/offline-run-*/run-*.wandb"))) < expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(paths) == expected, f"{len(paths)} offline W&B runs under {wandb_dir}, expected {expected}: {paths}"
     runs = []
-    for path in sorted(wandb_dir.glob("wandb/offline-run-*/run-*.wandb")):
+    for path in paths:
         run: dict[str, Any] = {"id": None, "config": {}, "history": {}}
-        for chunk in _chunks(path.read_bytes()):
-            record = pb.Record()
-            record.ParseFromString(chunk)
+        for record in _finished_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 run["id"] = record.run.run_id
@@ -94,7 +121,7 @@ def test_a_resumed_run_logs_to_the_same_wandb_run_and_carries_on_from_its_step(o
     second.log(3, {"reward_mean": 0.75, "cum_generated": 30})
     second.close()
     assert first.run_id == second.run_id == (run_dir / WANDB_ID_FILE).read_text().strip()
-    runs = read_offline_runs(offline)
+    runs = read_offline_runs(offline, 2)
     assert [r["id"] for r in runs] == [first.run_id, first.run_id]
     assert runs[0]["config"]["seed"] == 3
     assert runs[0]["history"] == {0: {"reward_mean": 0.0, "cum_generated": 0}, 1: {"reward_mean": 0.25, "cum_generated": 10},
@@ -157,7 +184,7 @@ def test_a_two_step_run_trains_from_verl_parquet_and_its_wandb_scalars_equal_met
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[1]["generated"] > 0 and "val/sums/accuracy" in rows[0]
-    runs = read_offline_runs(offline)
+    runs = read_offline_runs(offline, 1)
     assert [r["id"] for r in runs] == [(run / WANDB_ID_FILE).read_text().strip()]
     assert runs[0]["config"]["data"]["source"] == str(train)
     history = runs[0]["history"]
