@@ -62,7 +62,9 @@ class MegatronRank:
         self.rows: Any = None  # this DP group's share of the step (StepRows) and its sequences
         self.seqs: list[Any] = []
         self.sender: Any = None  # rank 0's weight-sync channel (broadcast / cuda_ipc)
-        self.worker = PolicyWorker(model_cfg, train_cfg) if trainable else ReferenceWorker(model_cfg, micro_batch_tokens=train_cfg.micro_batch_tokens)
+        self.worker = (PolicyWorker(model_cfg, train_cfg) if trainable else
+                       ReferenceWorker(model_cfg, micro_batch_tokens=train_cfg.micro_batch_tokens,
+                                       logprob_chunk_tokens=train_cfg.logprob_chunk_tokens, sequence_parallel=train_cfg.sequence_parallel))
 
     def ready(self) -> int:
         """Returns the rank once construction finished (used to wait for the group)."""
@@ -75,6 +77,11 @@ class MegatronRank:
     def load_hf(self, path: str) -> None:
         """Load Hugging Face weights."""
         self.worker.load_hf(path)
+
+    def offload_for_generation(self, colocated: bool) -> dict[str, float]:
+        """Before colocated engines wake: free what the update holds and generation does not need
+        (training.offload_grads / offload_optimizer / empty_cache); the next update brings it back."""
+        return self.worker.offload_for_generation(colocated)
 
     def logprobs(self, seqs: list[Any]) -> list[list[float]] | None:
         """Per-response-token log-probs of each sequence (rank 0 returns them)."""

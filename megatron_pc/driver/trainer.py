@@ -211,6 +211,8 @@ class Trainer:
             self._engines.sleep()  # colocated engines free the device while the policy trains
         out = update_policy(result.groups, self.data.train_tokens, self.cfg, workers.policy, workers.reference, timer)
         if not self.cfg.training.pipelined:
+            # Colocated, the engines' memory is only there once the update's is freed (docs/memory.md).
+            workers.policy.call("offload_for_generation", self.cfg.cluster.colocated)
             self._engines.wake()
         if sync:
             with timer("sync"):
@@ -234,6 +236,7 @@ class Trainer:
             workers.policy.call("load_hf", str(self.data.model_path))
         if workers.reference is not None:
             workers.reference.call("load_hf", str(self.data.model_path))
+        workers.policy.call("offload_for_generation", self.cfg.cluster.colocated)  # the grad buffer exists from the start
 
     def _save(self, step: int, policy: PolicyGroup) -> None:
         controller = {"step": step, "strategy": self.strategy.state_dict(), "tokens_total": self.tokens_total, "config": to_dict(self.cfg),

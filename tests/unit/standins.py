@@ -128,6 +128,10 @@ class StandInGroup:
     def load_hf(self, path: str) -> None:
         self.model.theta = 1.0
 
+    def offload_for_generation(self, colocated: bool) -> dict[str, float]:
+        self.offloads = getattr(self, "offloads", 0) + 1
+        return {"reserved_before_gb": 0.0, "reserved_after_gb": 0.0}
+
     def save(self, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
         (Path(path) / "theta.json").write_text(json.dumps({"theta": self.model.theta, "steps": self.model.schedule_steps}))
