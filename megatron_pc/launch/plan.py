@@ -11,6 +11,7 @@ config and prints the plan.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -305,6 +306,16 @@ def _config_path(name: str) -> str:
     return str(named) if not Path(name).exists() and named.is_file() else name
 
 
+def _model_max_len(model_path: str) -> int:
+    """The engines' sequence limit when rollout.max_model_len is unset: the model's own
+    max_position_embeddings (as the vLLM engine takes it), 4096 for a known model without a
+    directory."""
+    config = Path(model_path) / "config.json"
+    if config.is_file():
+        return int(json.loads(config.read_text()).get("max_position_embeddings", 4096))
+    return 4096
+
+
 def layout_from_args(args: argparse.Namespace) -> tuple[ModelShape, Layout]:
     """Read the experiment config named on the command line into a model shape and a layout."""
     from megatron_pc.config import load_config
@@ -324,7 +335,7 @@ def layout_from_args(args: argparse.Namespace) -> tuple[ModelShape, Layout]:
         engine_tensor_parallel=cfg.rollout.tensor_parallel,
         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
         micro_batch_tokens=cfg.training.micro_batch_tokens,
-        sequence_tokens=cfg.rollout.max_model_len,
+        sequence_tokens=cfg.rollout.max_model_len or _model_max_len(cfg.model.path),
         params_bytes=4 if cfg.model.params_dtype == "float32" else 2,
         distributed_optimizer=cfg.cluster.data_parallel > 1 and not args.no_distributed_optimizer,
         logprob_chunk_tokens=t.logprob_chunk_tokens,

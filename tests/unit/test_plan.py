@@ -178,3 +178,18 @@ def test_known_architecture_is_found_by_exact_last_path_component_only() -> None
 def test_gpu_memory_gb_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="gpu_memory_gb: must be > 0"):
         ClusterConfig(gpu_memory_gb=0)
+
+
+def test_without_max_model_len_the_engines_hold_the_models_own_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """rollout.max_model_len unset (the tiny CPU default): the plan takes max_position_embeddings,
+    as the vLLM engine does, instead of failing on a missing number."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 256, "vocab_size": 128, "max_position_embeddings": 96,
+    }))  # fmt: skip
+    config = tmp_path / "tiny.yaml"
+    config.write_text(f"model: {{path: {model}}}\n")
+    assert plan(config, "--nodes", "1", "--gpus-per-node", "1") == 0
+    assert "sequences of 96)" in capsys.readouterr().out
