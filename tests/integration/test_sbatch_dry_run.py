@@ -178,14 +178,19 @@ def _cpu_job_env(spy: Path, tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _wait_for_the_driver(job: subprocess.Popen, tmp_path: Path) -> None:
+    """Until the job's fake driver says it runs (it writes spy.log.driver-ready), at most 30 s."""
+    ready = tmp_path / "spy.log.driver-ready"
+    deadline = time.monotonic() + 30
+    while not ready.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ready.exists(), "the fake driver never started"
+
+
 def test_usr1_reaches_the_driver_and_its_exit_75_stops_ray_and_requeues_the_job(spy_bin: Path, tmp_path: Path) -> None:
     job = subprocess.Popen(["bash", "slurm/pc_tiny_cpu.sbatch"], cwd=REPO, env=_cpu_job_env(spy_bin, tmp_path), stderr=subprocess.PIPE, text=True)
     try:
-        ready = tmp_path / "spy.log.driver-ready"
-        deadline = time.monotonic() + 30
-        while not ready.exists() and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert ready.exists(), "the fake driver never started"
+        _wait_for_the_driver(job, tmp_path)
         job.send_signal(signal.SIGUSR1)  # what `--signal=B:USR1@60` does: the batch shell only
         _, err = job.communicate(timeout=30)
     finally:
@@ -262,11 +267,7 @@ def test_container_job_runs_each_step_in_the_image_and_usr1_still_checkpoints_an
     env = _cpu_job_env(spy_bin, tmp_path, MPC_CONTAINER="registry#megatron-pc:gpu", SLURMD_NODENAME="n1")
     job = subprocess.Popen(["bash", "slurm/pc_tiny_cpu.sbatch"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
     try:
-        ready = tmp_path / "spy.log.driver-ready"
-        deadline = time.monotonic() + 30
-        while not ready.exists() and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert ready.exists(), "the fake driver never started"
+        _wait_for_the_driver(job, tmp_path)
         job.send_signal(signal.SIGUSR1)
         _, err = job.communicate(timeout=30)
     finally:
