@@ -105,7 +105,7 @@ def test_dry_run_of_pc_14b_prints_the_8_node_plan_and_the_commands_and_starts_no
     proc = _bash("pc_14b", _job_env(cluster, spy_bin, tmp_path, MPC_DRY_RUN="1"))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "cluster  8 nodes x 8 GPUs = 64 GPUs of 141 GB, colocated" in out
+    assert "cluster  8 nodes x 8 GPUs = 64 GPUs, colocated" in out and "device   H200: 140.4 GiB" in out
     assert "policy   TP=2 PP=1 DP=32 = 64 GPUs" in out and "\nfits\n" in out
     assert "ray start --head" in out and "--port=6379" in out
     # Workers on the 7 other nodes; the first node is the head.
