@@ -56,7 +56,7 @@ def offload_for_generation(worker: Any, settings: MemorySettings) -> dict[str, f
         worker._offloaded["grads"] = True
     if settings.offload_optimizer and "optimizer" not in worker._offloaded:
         if _optimizer_owns_model_params(worker):
-            logger.info("offload_optimizer skipped: fp32 parameters are the optimizer's own (no master copy)")
+            logger.debug("offload_optimizer skipped: fp32 parameters are the optimizer's own (no master copy)")
         else:
             if on_gpu:
                 worker.optimizer.offload_to_cpu()
