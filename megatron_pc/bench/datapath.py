@@ -32,8 +32,7 @@ from typing import Any
 import numpy as np
 
 from megatron_pc.allocation import Rollout, TrainGroup
-from megatron_pc.driver.rollouts import groups_to_sequences
-from megatron_pc.driver.update import plan_rows
+from megatron_pc.driver.update import groups_to_sequences, plan_rows
 from megatron_pc.config import Config, load_config
 from megatron_pc.config_cli import split_config_args
 from megatron_pc.training.payload import RolloutPayload, split_by_tokens
@@ -81,17 +80,18 @@ def draw_shape(cfg: Config, seed: int, response_median: float | None) -> Shape:
     return Shape(a.train_batch, a.n, prompts, responses, ranks, cfg.cluster.data_parallel, 151_000)
 
 
-def make_groups(shape: Shape, seed: int) -> tuple[list[TrainGroup], list[np.ndarray]]:
-    """The step's train groups (rollouts with numpy payloads, as the engines return them)."""
+def make_groups(shape: Shape, seed: int) -> list[TrainGroup]:
+    """The step's train groups (rollouts with numpy payloads carrying their prompt, as the
+    driver builds them)."""
     rng = np.random.default_rng(seed + 1)
     prompts = [rng.integers(0, shape.vocab, size=n, dtype=np.int32) for n in shape.prompt_tokens]
     groups = []
     for g, lengths in enumerate(shape.response_tokens):
         rollouts = [Rollout(float(k % 2), bool(k % 2), RolloutPayload(rng.integers(0, shape.vocab, size=n, dtype=np.int32),
-                                                                     -rng.random(n, dtype=np.float32), "stop"))
+                                                                     -rng.random(n, dtype=np.float32), "stop", prompts[g]))
                     for k, n in enumerate(lengths)]  # fmt: skip
         groups.append(TrainGroup(g, rollouts, step=1))
-    return groups, prompts
+    return groups
 
 
 class Meter:
@@ -118,10 +118,10 @@ class Meter:
         self.received += sum(serialized_bytes(r) for r in results)
 
 
-def run_before(cfg: Config, shape: Shape, groups: list[TrainGroup], prompts: list[np.ndarray]) -> Meter:
+def run_before(cfg: Config, shape: Shape, groups: list[TrainGroup]) -> Meter:
     """The driver of 0.5: Python lists to every rank, three times over."""
     meter = Meter()
-    seqs = groups_to_sequences(groups, [p.tolist() for p in prompts], cfg.training.std_normalize)
+    seqs = groups_to_sequences(groups, cfg.training.std_normalize)
     meter.call_same((seqs,), shape.ranks)  # old log-probs: the global batch to every rank
     old = [(-np.random.default_rng(0).random(s.response_len)).tolist() for s in seqs]
     meter.back([old] + [None] * (shape.ranks - 1))  # rank 0 answers, as lists
@@ -133,7 +133,7 @@ def run_before(cfg: Config, shape: Shape, groups: list[TrainGroup], prompts: lis
         for s, lp in zip(seqs, old):
             s.ref_logprobs = lp
     del old
-    plan = plan_rows(groups, prompts, cfg)  # the same mini-batches, over the same rows
+    plan = plan_rows(groups, cfg)  # the same mini-batches, over the same rows
     for k, scale in enumerate(plan.loss_scales):
         batch = [seqs[i] for i in np.flatnonzero(plan.update == k)]
         meter.call_same((batch, scale, False), shape.ranks)
@@ -141,10 +141,10 @@ def run_before(cfg: Config, shape: Shape, groups: list[TrainGroup], prompts: lis
     return meter
 
 
-def run_after(cfg: Config, shape: Shape, groups: list[TrainGroup], prompts: list[np.ndarray]) -> Meter:
+def run_after(cfg: Config, shape: Shape, groups: list[TrainGroup]) -> Meter:
     """megatron_pc.driver.update's driver: one share per DP group, once; scalars back."""
     meter = Meter()
-    plan = plan_rows(groups, [p for p in prompts], cfg)
+    plan = plan_rows(groups, cfg)
     held = 0
     for rows in split_by_tokens(plan.lengths, plan.update, len(plan.denominators), shape.dp):
         share = plan.build(rows)
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     config, overrides = split_config_args(args.config, args.overrides)
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
     shape = draw_shape(cfg, args.seed, args.response_median)
-    groups, prompts = make_groups(shape, args.seed)
+    groups = make_groups(shape, args.seed)
     copy = 4 * shape.tokens + 4 * sum(map(sum, shape.response_tokens))
     out: dict[str, Any] = {
         "config": cfg.name, "sequences": shape.sequences, "tokens": shape.tokens, "ranks": shape.ranks,
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.methods.split(","):
         if name not in methods:
             parser.error(f"--methods: unknown method {name!r} (before, after)")
-        out[name] = measure(methods[name], cfg, shape, groups, prompts)
+        out[name] = measure(methods[name], cfg, shape, groups)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0

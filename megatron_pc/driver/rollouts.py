@@ -4,7 +4,8 @@ calls, and the rewarded rollouts handed back to the strategy.
 The plan names prompts by pool index; :func:`resolve_round` looks each one up once and the
 round carries the result (token ids for the engines, the answer for the reward) to the end.
 Each sample becomes a :class:`Rollout` whose opaque ``data`` is a :class:`RolloutPayload`
-(response tokens, the engine's log-probs, the finish reason, as numpy arrays).
+(response tokens, the engine's log-probs, the finish reason, as numpy arrays, and its request's
+prompt token ids), so the update and the sync check take the prompt from the rollout.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from megatron_pc.allocation import Rollout, RoundPlan
 from megatron_pc.allocation.types import RequestKind
@@ -79,15 +82,12 @@ def to_rollouts(requests: Sequence[PromptRequest], result: GenerationResult, rew
     for request, samples in zip(requests, result.samples):
         if len(samples) != request.n:
             raise ValueError(f"prompt {request.prompt}: {len(samples)} samples where {request.n} were asked for")
+        prompt = np.asarray(request.token_ids, dtype=np.int32)  # one array, shared by the group's rollouts
         group = []
         for s in samples:
             reward, correct = next(flat)
-            group.append(Rollout(reward, correct, RolloutPayload.of(s.token_ids, s.logprobs, s.finish_reason)))
+            group.append(Rollout(reward, correct, RolloutPayload.of(s.token_ids, s.logprobs, s.finish_reason, prompt)))
         out.append(group)
     if next(flat, None) is not None:
         raise ValueError("more rewards than samples")
     return out
-
-
-# megatron_pc.bench.datapath imports it from here; its home is the update's row walk.
-from megatron_pc.driver.update import groups_to_sequences  # noqa: E402,F401

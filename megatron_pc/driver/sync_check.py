@@ -72,7 +72,7 @@ class SyncCheck:
                                "(rollout.logprob_gap_warn)", step, name, gap, self.precision, self.warn, extra=CONSOLE)  # fmt: skip
 
     def check(
-        self, result: StepResult, prompt_tokens: Sequence[Sequence[int]], policy: PolicyGroup, engines: Any,
+        self, result: StepResult, policy: PolicyGroup, engines: Any,
         timer: Callable[[str], AbstractContextManager[Any]],
     ) -> float:  # fmt: skip
         """Engine vs trainer log-probs on the first rollout of up to 4 of the step's groups,
@@ -82,7 +82,7 @@ class SyncCheck:
         if not firsts:
             return float("nan")
         with timer("sync_check"):
-            seqs = groups_to_sequences(firsts, prompt_tokens, std_normalize=False)
+            seqs = groups_to_sequences(firsts, std_normalize=False)
             trainer_lp = policy.call("logprobs", seqs)
             per_engine = engines.call("sync check", lambda: engines.group.score_each([s.tokens for s in seqs]))
         gaps = {}

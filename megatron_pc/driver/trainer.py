@@ -160,7 +160,7 @@ class Trainer:
                 with timer("sync"):
                     train.update(self._engines.call("weight sync", workers.sync_weights))
             self.versions.engines = step  # the engines hold the weights of the end of this step (an empty batch changed none)
-            gap = self.sync_check.check(gen.result, self.data.train_tokens, workers.policy, self._engines, timer)
+            gap = self.sync_check.check(gen.result, workers.policy, self._engines, timer)
             val = {}
             if step % cfg.training.validate_every == 0 or step == cfg.training.steps:
                 with timer("validation"):
@@ -209,7 +209,7 @@ class Trainer:
             return {}
         if not self.cfg.training.pipelined:
             self._engines.sleep()  # colocated engines free the device while the policy trains
-        out = update_policy(result.groups, self.data.train_tokens, self.cfg, workers.policy, workers.reference, timer)
+        out = update_policy(result.groups, self.cfg, workers.policy, workers.reference, timer)
         if not self.cfg.training.pipelined:
             # Colocated, the engines' memory is only there once the update's is freed (docs/memory.md).
             workers.policy.call("offload_for_generation", self.cfg.cluster.colocated)

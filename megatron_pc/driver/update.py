@@ -59,25 +59,21 @@ def trained_rollouts(groups: Seq[TrainGroup], std_normalize: bool) -> Iterator[t
             k += 1
 
 
-def groups_to_sequences(groups: Seq[TrainGroup], prompt_tokens: Seq[Seq[int]], std_normalize: bool) -> list[Sequence]:
-    """The rows of :func:`trained_rollouts` as Megatron sequences (prompt + response), with the
-    engine's log-probs (the sync check scores them on both sides)."""
-    if not groups:
-        return []
-    prompts = [list(prompt_tokens[g.prompt]) for g in groups]
-    return [Sequence(prompts[gi] + p.tokens.tolist(), len(prompts[gi]), adv, engine_logprobs=p.logprobs.tolist())
-            for gi, p, adv in trained_rollouts(groups, std_normalize)]  # fmt: skip
+def groups_to_sequences(groups: Seq[TrainGroup], std_normalize: bool) -> list[Sequence]:
+    """The rows of :func:`trained_rollouts` as Megatron sequences (the rollout's prompt +
+    response), with the engine's log-probs (the sync check scores them on both sides)."""
+    return [Sequence(p.prompt.tolist() + p.tokens.tolist(), len(p.prompt), adv, engine_logprobs=p.logprobs.tolist())
+            for _, p, adv in trained_rollouts(groups, std_normalize)]  # fmt: skip
 
 
-def plan_rows(groups: Seq[TrainGroup], prompt_tokens: Seq[Seq[int]], cfg: Config) -> RowPlan:
+def plan_rows(groups: Seq[TrainGroup], cfg: Config) -> RowPlan:
     """The step's training rows and their updates under ``training.mini_batch_unit`` (see
-    TrainingConfig): one row per rollout with a response, advantages normalised per group.
-    ``prompt_tokens[g.prompt]``: the token ids of group ``g``'s prompt."""
+    TrainingConfig): one row per rollout with a response (its prompt is the one it carries),
+    advantages normalised per group."""
     t, a = cfg.training, cfg.allocation
-    prompt_arrays = [np.asarray(prompt_tokens[g.prompt], dtype=np.int32) for g in groups]
     prompts, responses, advs, group_of = [], [], [], []
     for gi, payload, advantage in trained_rollouts(groups, t.std_normalize):
-        prompts.append(prompt_arrays[gi])
+        prompts.append(payload.prompt)
         responses.append(payload)
         advs.append(advantage)
         group_of.append(gi)
@@ -118,7 +114,6 @@ def _denominator(responses: Seq[Any], members: np.ndarray, counted: np.ndarray, 
 
 def update_policy(
     groups: Seq[TrainGroup],
-    prompt_tokens: Seq[Seq[int]],
     cfg: Config,
     policy: PolicyGroup,
     reference: PolicyGroup | None,
@@ -126,7 +121,7 @@ def update_policy(
 ) -> dict[str, float]:
     """Each DP group's rows sent once; old/reference log-probs once, on the workers; then one
     optimizer update per mini-batch. Only the step's metrics come back."""
-    plan = plan_rows(groups, prompt_tokens, cfg)
+    plan = plan_rows(groups, cfg)
     if not plan.rows:
         return {}
     with timer("dispatch"):

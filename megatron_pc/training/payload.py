@@ -5,7 +5,8 @@ groups get about the same number of tokens, and puts each share into the object 
 the TP/PP ranks of a DP group read the same object. Old and reference log-probs are computed
 on the workers and stay there; only scalars come back.
 
-    RolloutPayload   one response: token ids, the engine's log-probs, finish reason
+    RolloutPayload   one response: token ids, the engine's log-probs, finish reason, and the
+                     token ids of the prompt it answers (its request's, shared by its group)
     RowPlan          a step's rows as references to the rollouts' arrays (nothing copied yet)
     StepRows         rows as flat arrays: token ids with offsets, prompt lengths, advantages,
                      engine log-probs, and the update (mini-batch) each row belongs to
@@ -31,30 +32,41 @@ class RolloutPayload:
     logprobs: np.ndarray
     """float32 engine log-prob of each response token."""
     finish: str
+    prompt: np.ndarray
+    """int32 token ids of the prompt this response answers: the round's resolved request's
+    (driver.rollouts.resolve_round), one array shared by the group's rollouts, so the update
+    and the sync check never look the prompt up again."""
 
     @classmethod
-    def of(cls, tokens: Seq[int], logprobs: Seq[float], finish: str) -> RolloutPayload:
-        """From the engine's sample."""
+    def of(cls, tokens: Seq[int], logprobs: Seq[float], finish: str, prompt: Seq[int] | np.ndarray) -> RolloutPayload:
+        """From the engine's sample and its request's prompt (an int32 array is kept, not copied)."""
         if len(tokens) != len(logprobs):
             raise ValueError(f"a response of {len(tokens)} tokens came with {len(logprobs)} log-probs")
-        return cls(np.asarray(tokens, dtype=np.int32), np.asarray(logprobs, dtype=np.float32), finish)
+        return cls(np.asarray(tokens, dtype=np.int32), np.asarray(logprobs, dtype=np.float32), finish, np.asarray(prompt, dtype=np.int32))
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready (buffered pilots are checkpointed with the controller state)."""
-        return {"tokens": self.tokens.tolist(), "logprobs": self.logprobs.tolist(), "finish": self.finish}
+        return {"tokens": self.tokens.tolist(), "logprobs": self.logprobs.tolist(), "finish": self.finish, "prompt": self.prompt.tolist()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RolloutPayload:
         """Inverse of :meth:`to_json`."""
-        return cls.of(data["tokens"], data["logprobs"], data["finish"])
+        return cls.of(data["tokens"], data["logprobs"], data["finish"], data["prompt"])
+
+
+PAYLOAD_KEYS = frozenset({"tokens", "logprobs", "finish", "prompt"})
 
 
 def as_payload(data: Any) -> RolloutPayload:
     """A rollout's payload: itself, or rebuilt from its JSON (a rollout restored from a checkpoint)."""
     if isinstance(data, RolloutPayload):
         return data
-    if isinstance(data, dict) and {"tokens", "logprobs", "finish"} <= data.keys():
+    if isinstance(data, dict) and PAYLOAD_KEYS <= data.keys():
         return RolloutPayload.from_json(data)
+    if isinstance(data, dict) and PAYLOAD_KEYS - {"prompt"} <= data.keys():
+        raise ValueError("a buffered rollout restored from the checkpoint has no 'prompt' (its prompt's token ids): the "
+                         "checkpoint was written by a megatron-pc that did not keep them with the rollouts; resume it "
+                         "with that version, or start the run afresh")
     raise TypeError(f"a rollout's data is not a RolloutPayload: {type(data).__name__}")
 
 

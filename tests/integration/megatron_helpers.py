@@ -141,7 +141,7 @@ def job_train_shares(path: Path, tp: int, seqs: list[Sequence], n_steps: int) ->
     worker.load_hf()
     before = worker.compute_logprobs(seqs)
     plan = RowPlan([np.asarray(s.tokens[: s.prompt_len], dtype=np.int32) for s in seqs],
-                   [RolloutPayload.of(s.tokens[s.prompt_len :], [0.0] * s.response_len, "stop") for s in seqs],
+                   [RolloutPayload.of(s.tokens[s.prompt_len :], [0.0] * s.response_len, "stop", s.tokens[: s.prompt_len]) for s in seqs],
                    [s.advantage for s in seqs], np.zeros(len(seqs), dtype=np.int32),
                    [loss_denominator("token-mean", seqs)], [1.0])  # fmt: skip
     shares = split_by_tokens(plan.lengths, plan.update, 1, ps.get_data_parallel_world_size())

@@ -30,8 +30,7 @@ def test_shares_are_balanced_by_tokens_at_the_14b_shape() -> None:
 
     cfg = load_config(datapath.DEFAULT_CONFIG, ["allocation.train_batch=32"])
     shape = datapath.draw_shape(cfg, 0, None)
-    groups, prompts = datapath.make_groups(shape, 0)
-    plan = plan_rows(groups, prompts, cfg)
+    plan = plan_rows(datapath.make_groups(shape, 0), cfg)
     shares = split_by_tokens(plan.lengths, plan.update, len(plan.denominators), 32)
     loads = [int(plan.lengths[s].sum()) for s in shares]
     assert max(loads) <= 1.1 * min(loads), loads

@@ -34,9 +34,9 @@ def _updates(job: bench.Job) -> int:
     """Optimizer updates of one full step of the job's configuration (every group of n rollouts)."""
     cfg = load_config(CONFIG, list(job.overrides))
     a = cfg.allocation
-    groups = [TrainGroup(p, [Rollout(float(k % 2), bool(k % 2), RolloutPayload.of([5, 6], [-1.0, -1.0], "stop")) for k in range(a.n)], step=1)
+    groups = [TrainGroup(p, [Rollout(float(k % 2), bool(k % 2), RolloutPayload.of([5, 6], [-1.0, -1.0], "stop", [1, 2])) for k in range(a.n)], step=1)
               for p in range(a.train_batch)]  # fmt: skip
-    return len(plan_rows(groups, [[1, 2]] * a.train_batch, cfg).denominators)
+    return len(plan_rows(groups, cfg).denominators)
 
 
 def test_the_reference_rule_gives_pc_6_updates_a_step_and_grpo_and_dapo_4(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ PROMPTS = [[1, 2, 3]] * 8
 
 def _group(prompt: int, rewards: list[float]) -> TrainGroup:
     """A group whose k-th rollout has 1 + (k + prompt) % 3 response tokens."""
-    rollouts = [Rollout(r, bool(r), RolloutPayload.of([5] * (1 + (k + prompt) % 3), [-1.0] * (1 + (k + prompt) % 3), "stop"))
+    rollouts = [Rollout(r, bool(r), RolloutPayload.of([5] * (1 + (k + prompt) % 3), [-1.0] * (1 + (k + prompt) % 3), "stop", PROMPTS[prompt]))
                 for k, r in enumerate(rewards)]  # fmt: skip
     return TrainGroup(prompt, rollouts, step=1)
 
@@ -39,8 +39,8 @@ def _tokens(plan, groups: set[int]) -> float:
 
 
 def test_informative_denominator_counts_only_the_tokens_of_groups_with_a_nonzero_advantage() -> None:
-    everything = plan_rows(GROUPS, PROMPTS, _cfg("all"))
-    fair = plan_rows(GROUPS, PROMPTS, _cfg("informative"))
+    everything = plan_rows(GROUPS, _cfg("all"))
+    fair = plan_rows(GROUPS, _cfg("informative"))
     assert everything.denominators == [_tokens(everything, {0, 1, 2, 3})]
     assert fair.denominators == [_tokens(fair, {0, 2})] and fair.denominators[0] < everything.denominators[0]
     # Same rows, same advantages: only the denominator changes.
@@ -48,8 +48,8 @@ def test_informative_denominator_counts_only_the_tokens_of_groups_with_a_nonzero
 
 
 def test_informative_loss_and_gradient_are_the_all_token_ones_rescaled() -> None:
-    everything = plan_rows(GROUPS, PROMPTS, _cfg("all"))
-    fair = plan_rows(GROUPS, PROMPTS, _cfg("informative"))
+    everything = plan_rows(GROUPS, _cfg("all"))
+    fair = plan_rows(GROUPS, _cfg("informative"))
     lengths = [len(r.tokens) for r in everything.responses]
     width = max(lengths)
     mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
@@ -76,10 +76,10 @@ def test_informative_loss_and_gradient_are_the_all_token_ones_rescaled() -> None
 
 def test_each_update_counts_its_own_informative_rows_and_one_without_any_keeps_its_all_count() -> None:
     # One group per update: the updates of groups 1 and 3 hold no informative row.
-    fair = plan_rows(GROUPS, PROMPTS, _cfg("informative", "training.mini_batch=1"))
-    everything = plan_rows(GROUPS, PROMPTS, _cfg("all", "training.mini_batch=1"))
+    fair = plan_rows(GROUPS, _cfg("informative", "training.mini_batch=1"))
+    everything = plan_rows(GROUPS, _cfg("all", "training.mini_batch=1"))
     assert fair.denominators == everything.denominators
-    seq = plan_rows(GROUPS, PROMPTS, _cfg("informative", "training.loss_agg=seq-mean-token-mean"))
+    seq = plan_rows(GROUPS, _cfg("informative", "training.loss_agg=seq-mean-token-mean"))
     assert seq.denominators == [8.0]  # the 8 rows of groups 0 and 2
 
 

@@ -18,10 +18,11 @@ from standins import StandInGroup
 PROMPTS = [[1, 2, 3]] * 64
 
 
-def _groups(count: int, size: int) -> list[TrainGroup]:
-    """``count`` groups of ``size`` rollouts with mixed rewards and varied response tokens."""
+def _groups(count: int, size: int, prompts: list[list[int]] = PROMPTS) -> list[TrainGroup]:
+    """``count`` groups of ``size`` rollouts with mixed rewards and varied response tokens;
+    group p's rollouts carry ``prompts[p]``."""
     return [
-        TrainGroup(p, [Rollout(float(k % 2), bool(k % 2), RolloutPayload.of([4 + (p + k) % 5, 5, 6 + k % 3][: 1 + (p + k) % 3], [-1.0] * (1 + (p + k) % 3), "stop"))
+        TrainGroup(p, [Rollout(float(k % 2), bool(k % 2), RolloutPayload.of([4 + (p + k) % 5, 5, 6 + k % 3][: 1 + (p + k) % 3], [-1.0] * (1 + (p + k) % 3), "stop", prompts[p]))
                        for k in range(size)], step=1)  # fmt: skip
         for p in range(count)
     ]
@@ -34,7 +35,7 @@ def _cfg(*overrides: str):
 def test_old_logprobs_are_computed_once_so_the_ratio_is_one_only_at_the_first_of_four_updates() -> None:
     cfg = _cfg("training.mini_batch=2")
     policy = StandInGroup()
-    metrics = update_policy(_groups(8, 4), PROMPTS, cfg, policy, None, lambda _: nullcontext())
+    metrics = update_policy(_groups(8, 4), cfg, policy, None, lambda _: nullcontext())
     ratios = [u["ratio_mean"] for u in policy.updates]
     assert len(ratios) == 4 and metrics["updates"] == 4
     assert policy.logprob_calls == 1
@@ -49,14 +50,14 @@ def test_old_logprobs_are_computed_once_so_the_ratio_is_one_only_at_the_first_of
 def test_the_schedule_advances_once_per_training_step_whatever_the_mini_batches() -> None:
     for mini_batch in (8, 2, 1):
         policy = StandInGroup()
-        update_policy(_groups(8, 4), PROMPTS, _cfg(f"training.mini_batch={mini_batch}"), policy, None, lambda _: nullcontext())
+        update_policy(_groups(8, 4), _cfg(f"training.mini_batch={mini_batch}"), policy, None, lambda _: nullcontext())
         assert len(policy.updates) == 8 // mini_batch
         assert policy.model.schedule_steps == 1
 
 
 def test_reference_logprobs_are_computed_once_for_the_whole_batch() -> None:
     policy, reference = StandInGroup(), StandInGroup()
-    update_policy(_groups(8, 4), PROMPTS, _cfg("training.mini_batch=2"), policy, reference, lambda _: nullcontext())
+    update_policy(_groups(8, 4), _cfg("training.mini_batch=2"), policy, reference, lambda _: nullcontext())
     assert reference.logprob_calls == 1 and policy.logprob_calls == 1
 
 
@@ -68,16 +69,16 @@ def test_call_rollouts_mini_batches_are_mini_batch_times_commit_n_rollouts_and_t
     # PC with n 4 = 1 pilot + 3 commits: a mini-batch of 2 "prompts" is 2 x 3 = 6 rollouts, so
     # the 32 rollouts of 8 groups take 6 updates: 5 full and one of 2 rollouts (a third).
     cfg = _cfg("training.mini_batch=2", "training.mini_batch_unit=call_rollouts")
-    plan = plan_rows(_groups(8, 4), PROMPTS, cfg)
+    plan = plan_rows(_groups(8, 4), cfg)
     assert _sizes(plan) == [6, 6, 6, 6, 6, 2]
     assert plan.loss_scales == [1, 1, 1, 1, 1, pytest.approx(1 / 3)]
     # GRPO scales by n instead: 2 x 4 = 8 rollouts, 4 updates.
     grpo = _cfg("training.mini_batch=2", "training.mini_batch_unit=call_rollouts", "allocation.strategy=grpo")
-    assert _sizes(plan_rows(_groups(8, 4), PROMPTS, grpo)) == [8, 8, 8, 8]
+    assert _sizes(plan_rows(_groups(8, 4), grpo)) == [8, 8, 8, 8]
 
 
 def test_groups_mini_batches_hold_whole_groups() -> None:
-    plan = plan_rows(_groups(8, 4), PROMPTS, _cfg("training.mini_batch=3"))
+    plan = plan_rows(_groups(8, 4), _cfg("training.mini_batch=3"))
     assert _sizes(plan) == [12, 12, 8]
     assert plan.loss_scales == [1.0, 1.0, 1.0]
     # token-mean: each update's denominator is its response tokens
@@ -85,8 +86,8 @@ def test_groups_mini_batches_hold_whole_groups() -> None:
 
 
 def test_rows_are_built_once_as_flat_arrays_with_the_rollouts_tokens() -> None:
-    groups = _groups(2, 2)
-    rows = plan_rows(groups, [[1, 2, 3], [9]], _cfg("training.mini_batch=1")).build()
+    groups = _groups(2, 2, [[1, 2, 3], [9]])
+    rows = plan_rows(groups, _cfg("training.mini_batch=1")).build()
     assert rows.tokens.dtype == np.int32 and rows.engine_logprobs.dtype == np.float32
     assert [s.tokens.tolist() for s in rows.sequences()] == [[1, 2, 3] + g.rollouts[k].data.tokens.tolist() for g in groups[:1] for k in range(2)] + \
         [[9] + g.rollouts[k].data.tokens.tolist() for g in groups[1:] for k in range(2)]
@@ -109,8 +110,8 @@ def test_each_dp_group_gets_every_row_once_balanced_by_tokens_with_a_row_of_ever
 def test_with_two_dp_groups_the_update_is_the_same_and_each_group_holds_only_its_share() -> None:
     cfg = _cfg("training.mini_batch=2")
     one, two = StandInGroup(1), StandInGroup(2)
-    a = update_policy(_groups(8, 4), PROMPTS, cfg, one, None, lambda _: nullcontext())
-    b = update_policy(_groups(8, 4), PROMPTS, cfg, two, None, lambda _: nullcontext())
+    a = update_policy(_groups(8, 4), cfg, one, None, lambda _: nullcontext())
+    b = update_policy(_groups(8, 4), cfg, two, None, lambda _: nullcontext())
     assert a == pytest.approx(b)
     held = [rank.rows.rows for rank in two.ranks]
     assert sum(held) == one.ranks[0].rows.rows == 32 and min(held) > 0

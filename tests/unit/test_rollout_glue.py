@@ -23,7 +23,7 @@ def test_a_round_is_resolved_once_into_requests_in_plan_order_with_tokens_and_an
 
 
 def _requests(*ns: int) -> list[PromptRequest]:
-    return [PromptRequest(i, "full", n, (1,), str(i)) for i, n in enumerate(ns)]
+    return [PromptRequest(i, "full", n, (1, 10 + i), str(i)) for i, n in enumerate(ns)]
 
 
 def test_rewards_are_paired_with_samples_in_order() -> None:
@@ -35,8 +35,25 @@ def test_rewards_are_paired_with_samples_in_order() -> None:
     # A buffered rollout goes into a checkpoint as JSON and comes back as the same payload.
     back = as_payload(Rollout.from_json(json.loads(json.dumps(out[0][1].to_json()))).data)
     assert back.tokens.tolist() == [2, 3] and back.logprobs.tolist() == payload.logprobs.tolist() and back.finish == "length"
+    assert back.prompt.tolist() == [1, 10]
     with pytest.raises(ValueError):
         to_rollouts(_requests(2, 1), result, [(1.0, True)] * 4)
+
+
+def test_each_rollout_carries_its_requests_prompt_into_the_rows_without_a_lookup() -> None:
+    result = GenerationResult([[Sample([1], [-0.1], "stop"), Sample([2], [-0.2], "stop")], [Sample([4], [-0.4], "stop")]])
+    out = to_rollouts(_requests(2, 1), result, [(1.0, True), (0.0, False), (0.5, False)])
+    assert [[r.data.prompt.tolist() for r in g] for g in out] == [[[1, 10], [1, 10]], [[1, 11]]]
+    assert out[0][0].data.prompt is out[0][1].data.prompt  # one array per request, shared by its group
+    # The group id is the strategy's; the rows take the prompt the rollouts carry, whatever the id.
+    seqs = groups_to_sequences([TrainGroup(99, out[0], step=1), TrainGroup(7, out[1], step=1)], std_normalize=False)
+    assert [s.tokens for s in seqs] == [[1, 10, 1], [1, 10, 2], [1, 11, 4]] and [s.prompt_len for s in seqs] == [2, 2, 2]
+
+
+def test_a_checkpointed_rollout_without_its_prompt_is_refused_by_name() -> None:
+    old = {"tokens": [3], "logprobs": [-1.0], "finish": "stop"}  # written before rollouts kept their prompt
+    with pytest.raises(ValueError, match="no 'prompt'"):
+        as_payload(old)
 
 
 def test_samples_that_do_not_match_their_requests_are_refused_naming_the_prompt() -> None:
@@ -55,16 +72,17 @@ def test_two_calls_merge_back_into_request_order() -> None:
     assert (out.prompt_tokens, out.generated_tokens, out.seconds) == (3, 3, 1.5)
 
 
-def _rollout(reward: float, tokens: list[int]) -> Rollout:
-    return Rollout(reward, reward > 0, {"tokens": tokens, "logprobs": [-1.0] * len(tokens), "finish": "stop"})
+def _rollout(reward: float, tokens: list[int], prompt: list[int]) -> Rollout:
+    """A rollout as restored from a checkpoint (its payload as JSON)."""
+    return Rollout(reward, reward > 0, {"tokens": tokens, "logprobs": [-1.0] * len(tokens), "finish": "stop", "prompt": prompt})
 
 
 def test_advantages_are_normalised_within_each_group_only() -> None:
     groups = [
-        TrainGroup(0, [_rollout(1.0, [3]), _rollout(0.0, [4])], step=1),
-        TrainGroup(1, [_rollout(1.0, [5]), _rollout(1.0, [6])], step=1),
+        TrainGroup(0, [_rollout(1.0, [3], [1, 2]), _rollout(0.0, [4], [1, 2])], step=1),
+        TrainGroup(1, [_rollout(1.0, [5], [9]), _rollout(1.0, [6], [9])], step=1),
     ]
-    seqs = groups_to_sequences(groups, [[1, 2], [9]], std_normalize=True)
+    seqs = groups_to_sequences(groups, std_normalize=True)
     assert [s.tokens for s in seqs] == [[1, 2, 3], [1, 2, 4], [9, 5], [9, 6]]
     assert [s.prompt_len for s in seqs] == [2, 2, 1, 1]
     assert seqs[0].advantage == pytest.approx(1.0, rel=1e-4) and seqs[1].advantage == pytest.approx(-1.0, rel=1e-4)  # (r - mean) / (std + eps)
@@ -73,7 +91,7 @@ def test_advantages_are_normalised_within_each_group_only() -> None:
 
 
 def test_empty_responses_count_in_the_baseline_but_are_not_trained() -> None:
-    groups = [TrainGroup(0, [_rollout(1.0, [3]), _rollout(0.0, []), _rollout(0.0, [4])], step=1)]
-    seqs = groups_to_sequences(groups, [[1]], std_normalize=False)
+    groups = [TrainGroup(0, [_rollout(1.0, [3], [1]), _rollout(0.0, [], [1]), _rollout(0.0, [4], [1])], step=1)]
+    seqs = groups_to_sequences(groups, std_normalize=False)
     assert len(seqs) == 2
     assert seqs[0].advantage == pytest.approx(2 / 3) and seqs[1].advantage == pytest.approx(-1 / 3)
