@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from megatron_pc.allocation import strategy_class
 from megatron_pc.allocation.config import AllocationConfig
 from megatron_pc.cluster.config import ClusterConfig
 from megatron_pc.data.config import DataConfig
@@ -51,8 +52,11 @@ class Config:
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\ "):
             raise ConfigError("name", f"must be a non-empty name without '/', '\\' or spaces, got {self.name!r}")
-        # Rounds are split evenly over the generation engines; check it can always be done.
-        self.allocation.check_generation_ranks(self.rollout.engines, field_prefix="allocation")
+        # The strategy checks what it needs of the allocation settings, and that its rounds
+        # split evenly over the generation engines.
+        strategy = strategy_class(self.allocation.strategy)
+        strategy.check_config(self.allocation, field_prefix="allocation")
+        strategy.check_generation_ranks(self.allocation, self.rollout.engines, field_prefix="allocation")
         self.reward.check_max_tokens(self.rollout.max_tokens, field_prefix="reward")
         self.rollout.check_placement(self.cluster.colocated, field_prefix="rollout")
         if self.training.pipelined and self.cluster.colocated:

@@ -16,15 +16,19 @@ from megatron_pc.allocation.types import Request, Rollout, RoundPlan, StepResult
 STRATEGIES: dict[str, type[AllocationStrategy]] = {cls.name: cls for cls in (PilotCommit, GRPO, DAPO)}
 
 
+def strategy_class(name: str) -> type[AllocationStrategy]:
+    """The strategy registered under exactly ``name``."""
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"unknown allocation strategy {name!r}; known: {', '.join(sorted(STRATEGIES))}") from None
+
+
 def build_strategy(
     cfg: AllocationConfig, pool_size: int, seed: int, generation_ranks: int = 1, trace: TraceSink | None = None
 ) -> AllocationStrategy:
     """The strategy named by ``cfg.strategy`` over a pool of ``pool_size`` prompts."""
-    try:
-        cls = STRATEGIES[cfg.strategy]
-    except KeyError:
-        raise ValueError(f"unknown allocation strategy {cfg.strategy!r}; known: {', '.join(sorted(STRATEGIES))}") from None
-    return cls(cfg, pool_size, seed, generation_ranks, trace)
+    return strategy_class(cfg.strategy)(cfg, pool_size, seed, generation_ranks, trace)
 
 
 __all__ = [
@@ -37,4 +41,5 @@ __all__ = [
     "StepResult",
     "TrainGroup",
     "build_strategy",
+    "strategy_class",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Any, ClassVar, Sequence
 
 from megatron_pc.allocation.accounting import Accounting
@@ -45,6 +46,27 @@ class AllocationStrategy(ABC):
     def check_pool(cls, cfg: AllocationConfig, pool_size: int) -> None:
         """Raise a ConfigError when a pool of ``pool_size`` prompts cannot serve this strategy's rounds."""
 
+    @classmethod
+    def check_config(cls, cfg: AllocationConfig, field_prefix: str = "") -> None:
+        """Raise a ConfigError naming the field (under ``field_prefix``) when ``cfg`` cannot
+        run this strategy. The root Config calls it when it loads; the strategy when it is built."""
+
+    @classmethod
+    def check_generation_ranks(cls, cfg: AllocationConfig, ranks: int, field_prefix: str = "") -> None:
+        """Raise a ConfigError when this strategy's rounds cannot split evenly over ``ranks``
+        generation engines."""
+        if ranks < 1:
+            raise ConfigError("rollout.engines", f"must be >= 1, got {ranks}")
+        for name, rule in cls._rank_rules(cfg, ranks):
+            raise ConfigError(f"{field_prefix}.{name}" if field_prefix else name, rule)
+
+    @classmethod
+    def _rank_rules(cls, cfg: AllocationConfig, ranks: int) -> Iterator[tuple[str, str]]:
+        """(field, rule) of each setting that keeps this strategy's rounds from splitting evenly
+        over ``ranks`` engines: a round of n rollouts for each of train_batch prompts."""
+        if (cfg.train_batch * cfg.n) % ranks:
+            yield "train_batch", f"train_batch x n = {cfg.train_batch * cfg.n} rollouts must divide evenly over {ranks} generation engines"
+
     def __init__(
         self,
         cfg: AllocationConfig,
@@ -53,7 +75,8 @@ class AllocationStrategy(ABC):
         generation_ranks: int = 1,
         trace: TraceSink | None = None,
     ) -> None:
-        cfg.check_generation_ranks(generation_ranks, field_prefix="allocation")
+        self.check_config(cfg, field_prefix="allocation")
+        self.check_generation_ranks(cfg, generation_ranks, field_prefix="allocation")
         if pool_size < cfg.train_batch:
             raise ConfigError(
                 "allocation.train_batch",

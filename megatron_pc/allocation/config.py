@@ -167,29 +167,8 @@ class AllocationConfig:
             _positive("dapo_batch", self.dapo_batch)
         if self.commit_n is not None:
             _positive("commit_n", self.commit_n)
-        if self.strategy == "pilot_commit":
-            self._check_pilot_commit()
-
-    def _check_pilot_commit(self) -> None:
-        kept = self.pilot.kept
-        if self.commit_n is None and kept >= self.n:
-            raise ConfigError("pilot.n_effective", f"kept pilot rollouts ({kept}) must be < n ({self.n}) to leave room for a commit")
-        if self.pilot_kept + self.commit_rollouts != self.n:
-            raise ConfigError(
-                "commit_n",
-                f"pilot.n_effective ({kept}) + commit_n ({self.commit_rollouts}) must equal n ({self.n}), "
-                "the group size shared with GRPO and DAPO",
-            )
-        if self.max_rounds < 2:
-            raise ConfigError("max_rounds", "must be >= 2 for pilot_commit: a survivor is committed one round after its pilot")
-        if self.pilot.batch * (self.max_rounds - 1) < self.train_batch:
-            raise ConfigError(
-                "pilot.batch",
-                f"pilot.batch x (max_rounds - 1) = {self.pilot.batch * (self.max_rounds - 1)} prompts can never fill "
-                f"train_batch ({self.train_batch}) even if every pilot survives",
-            )
-        if self.buffer.capacity is not None and self.buffer.capacity < self.train_batch // (self.max_rounds - 1):
-            raise ConfigError("buffer.capacity", f"{self.buffer.capacity} is too small to fill train_batch within max_rounds")
+        # What only one strategy needs of these settings, that strategy checks
+        # (AllocationStrategy.check_config, called by the root Config and by the strategy).
 
     @property
     def max_commit_age(self) -> int:
@@ -211,32 +190,6 @@ class AllocationConfig:
         """Prompts DAPO draws per round."""
         return self.train_batch if self.dapo_batch is None else self.dapo_batch
 
-    def check_generation_ranks(self, ranks: int, field_prefix: str = "") -> None:
-        """Check that every round can be split evenly over ``ranks`` generation engines.
-
-        Pilot-Commit trims the number of commits in a round so the round's rollouts divide
-        evenly; the train batch must be reachable in those steps or it could never fill.
-        """
-        if ranks < 1:
-            raise ConfigError("rollout.engines", f"must be >= 1, got {ranks}")
-
-        def fail(name: str, rule: str) -> None:
-            raise ConfigError(f"{field_prefix}.{name}" if field_prefix else name, rule)
-
-        if self.strategy == "grpo" and (self.train_batch * self.n) % ranks:
-            fail("train_batch", f"train_batch x n = {self.train_batch * self.n} rollouts must divide evenly over {ranks} generation engines")
-        if self.strategy == "dapo" and (self.rollouts_per_dapo_round * self.n) % ranks:
-            fail("dapo_batch", f"dapo_batch x n = {self.rollouts_per_dapo_round * self.n} rollouts must divide evenly over {ranks} generation engines")
-        if self.strategy == "pilot_commit":
-            if (self.pilot.batch * self.pilot.n) % ranks:
-                fail("pilot.batch", f"pilot.batch x pilot.n = {self.pilot.batch * self.pilot.n} rollouts must divide evenly over {ranks} generation engines")
-            step = commit_granularity(self.commit_rollouts, ranks)
-            if self.train_batch % step:
-                fail(
-                    "train_batch",
-                    f"with commit_n={self.commit_rollouts} over {ranks} generation engines, commits come in multiples of {step}; "
-                    f"train_batch ({self.train_batch}) must be a multiple of {step} or the batch can never fill",
-                )
 
 
 def commit_granularity(commit_n: int, ranks: int) -> int:

@@ -4,6 +4,7 @@ keep drawing until train_batch groups survive. Survivors beyond the batch are di
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Sequence
 
 from megatron_pc.allocation.base import AllocationStrategy, full_requests
@@ -23,6 +24,12 @@ class DAPO(AllocationStrategy):
         """One round draws ``dapo_batch`` distinct prompts."""
         if pool_size < cfg.rollouts_per_dapo_round:
             raise ConfigError("allocation.dapo_batch", f"the prompt pool has {pool_size} prompts, fewer than one DAPO round draws ({cfg.rollouts_per_dapo_round})")
+
+    @classmethod
+    def _rank_rules(cls, cfg: AllocationConfig, ranks: int) -> Iterator[tuple[str, str]]:
+        """A round is dapo_batch prompts x n rollouts."""
+        if (cfg.rollouts_per_dapo_round * cfg.n) % ranks:
+            yield "dapo_batch", f"dapo_batch x n = {cfg.rollouts_per_dapo_round * cfg.n} rollouts must divide evenly over {ranks} generation engines"
 
     def _plan_requests(self) -> list[Request]:
         # A small pool may not hold a full round outside the groups already kept this step:

@@ -18,13 +18,15 @@ than a pilot, and to evict by the posterior rather than one pilot.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any, Sequence
 
 from megatron_pc.allocation.base import AllocationStrategy
 from megatron_pc.allocation.buffer import BufferEntry, ReplayBuffer, select_kept_pilots
-from megatron_pc.allocation.config import AllocationConfig
+from megatron_pc.allocation.config import AllocationConfig, commit_granularity
 from megatron_pc.allocation.history import Posterior, PromptHistory
 from megatron_pc.allocation.types import Request, Rollout, RoundPlan, TrainGroup
+from megatron_pc.errors import ConfigError
 
 
 class PilotCommit(AllocationStrategy):
@@ -36,6 +38,39 @@ class PilotCommit(AllocationStrategy):
     def rollouts_per_call(cls, cfg: AllocationConfig) -> int:
         """A commit's rollouts: the call that completes a group draws only those."""
         return cfg.commit_rollouts
+
+    @classmethod
+    def check_config(cls, cfg: AllocationConfig, field_prefix: str = "") -> None:
+        """A group is the kept pilots plus one commit (n in all), committed at least one round
+        after its pilot, and the pilots of max_rounds - 1 rounds must be able to fill the batch."""
+
+        def fail(name: str, rule: str) -> None:
+            raise ConfigError(f"{field_prefix}.{name}" if field_prefix else name, rule)
+
+        kept = cfg.pilot.kept
+        if cfg.commit_n is None and kept >= cfg.n:
+            fail("pilot.n_effective", f"kept pilot rollouts ({kept}) must be < n ({cfg.n}) to leave room for a commit")
+        if cfg.pilot_kept + cfg.commit_rollouts != cfg.n:
+            fail("commit_n", f"pilot.n_effective ({kept}) + commit_n ({cfg.commit_rollouts}) must equal n ({cfg.n}), "
+                             "the group size shared with GRPO and DAPO")  # fmt: skip
+        if cfg.max_rounds < 2:
+            fail("max_rounds", "must be >= 2 for pilot_commit: a survivor is committed one round after its pilot")
+        if cfg.pilot.batch * (cfg.max_rounds - 1) < cfg.train_batch:
+            fail("pilot.batch", f"pilot.batch x (max_rounds - 1) = {cfg.pilot.batch * (cfg.max_rounds - 1)} prompts can never fill "
+                                f"train_batch ({cfg.train_batch}) even if every pilot survives")  # fmt: skip
+        if cfg.buffer.capacity is not None and cfg.buffer.capacity < cfg.train_batch // (cfg.max_rounds - 1):
+            fail("buffer.capacity", f"{cfg.buffer.capacity} is too small to fill train_batch within max_rounds")
+
+    @classmethod
+    def _rank_rules(cls, cfg: AllocationConfig, ranks: int) -> Iterator[tuple[str, str]]:
+        """Pilots must split evenly; commits are trimmed to multiples that do, so the train
+        batch must be such a multiple or it could never fill."""
+        if (cfg.pilot.batch * cfg.pilot.n) % ranks:
+            yield "pilot.batch", f"pilot.batch x pilot.n = {cfg.pilot.batch * cfg.pilot.n} rollouts must divide evenly over {ranks} generation engines"
+        step = commit_granularity(cfg.commit_rollouts, ranks)
+        if cfg.train_batch % step:
+            yield "train_batch", (f"with commit_n={cfg.commit_rollouts} over {ranks} generation engines, commits come in multiples of {step}; "
+                                  f"train_batch ({cfg.train_batch}) must be a multiple of {step} or the batch can never fill")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

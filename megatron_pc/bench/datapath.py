@@ -76,7 +76,7 @@ def draw_shape(cfg: Config, seed: int, response_median: float | None) -> Shape:
     median = response_median or r.max_tokens / 4
     prompts = rng.integers(64, max(65, cfg.data.max_prompt_tokens // 2), size=a.train_batch).tolist()
     responses = np.clip(rng.lognormal(np.log(median), 0.8, size=(a.train_batch, a.n)), 16, r.max_tokens).astype(int).tolist()
-    ranks = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
+    ranks = cfg.policy_world
     return Shape(a.train_batch, a.n, prompts, responses, ranks, cfg.cluster.data_parallel, 151_000)
 
 

@@ -109,7 +109,7 @@ def phase_units(cfg: Any, unit: str) -> dict[str, int]:
     import os
 
     engines = cfg.rollout.engines * cfg.rollout.tensor_parallel
-    world = cfg.model.tensor_parallel * cfg.model.pipeline_parallel * cfg.cluster.data_parallel
+    world = cfg.policy_world
     if unit == "gpu":
         return {"generate": engines, "policy": world}
     from megatron_pc.cluster.groups import cpu_threads
@@ -120,12 +120,11 @@ def phase_units(cfg: Any, unit: str) -> dict[str, int]:
 
 def device_peak() -> dict[str, Any]:
     """Peak FLOP/s of one GPU from the table, else of one CPU thread by the matmul probe."""
-    import torch
-
+    from megatron_pc import platform
     from megatron_pc.metrics.mfu import cpu_peak_flops, gpu_peak_flops
 
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
+    if platform.on_gpu():
+        name = platform.device_name()
         flops = gpu_peak_flops(name)
         if flops is None:
             raise MegatronPCError(f"no peak FLOP/s known for {name!r} (megatron_pc.metrics.mfu.PEAK_TFLOPS); MFU cannot be computed")

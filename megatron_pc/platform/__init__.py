@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 _CPU_ADAPTER_NAMES = ("PATCHES", "apply_cpu_adapter", "cpu_adapter_active", "cpu_adapter_needed", "remove_cpu_adapter")
 
-__all__ = [*_CPU_ADAPTER_NAMES, "on_gpu", "device", "default_dtype", "dist_backend"]
+__all__ = [*_CPU_ADAPTER_NAMES, "on_gpu", "device", "device_name", "default_dtype", "dist_backend"]
 
 
 def __getattr__(name: str) -> Any:
@@ -38,6 +38,13 @@ def device() -> "torch.device":
     if on_gpu():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def device_name() -> str:
+    """The name of the first CUDA device (as torch reports it, e.g. ``NVIDIA H200``), else ``CPU``."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if on_gpu() else "CPU"
 
 
 def default_dtype() -> "torch.dtype":

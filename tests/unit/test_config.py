@@ -90,6 +90,18 @@ def test_a_train_batch_that_can_never_be_filled_is_refused() -> None:
     _fails(["rollout.engines=8", "allocation.train_batch=33", "allocation.pilot.batch=96"], "allocation.train_batch", "multiple of 2")
 
 
+def test_each_strategy_checks_only_what_it_needs() -> None:
+    # Pilot-Commit's rules (a commit one round after the pilot, pilots that can fill the batch)
+    # are Pilot-Commit's: GRPO and DAPO load with the same settings.
+    for strategy in ("grpo", "dapo"):
+        load_config(None, [f"allocation.strategy={strategy}", "allocation.max_rounds=1", "allocation.pilot.batch=2"])
+    _fails(["allocation.strategy=pilot_commit", "allocation.max_rounds=1"], "allocation.max_rounds", "for pilot_commit")
+    # The rank rules name each strategy's own field: GRPO's round is the train batch, DAPO's its dapo_batch.
+    _fails(["allocation.strategy=grpo", "rollout.engines=3"], "allocation.train_batch", "over 3 generation engines")
+    _fails(["allocation.strategy=dapo", "rollout.engines=3", "allocation.dapo_batch=32"], "allocation.dapo_batch", "over 3 generation engines")
+    load_config(None, ["allocation.strategy=dapo", "rollout.engines=3", "allocation.dapo_batch=33", "allocation.train_batch=32"])
+
+
 def test_missing_or_broken_file_is_named(tmp_path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
