@@ -153,8 +153,15 @@ def load_run(run_dir: str | Path, *, regime: str | None = None, strategy: str | 
     cfg_path = path / "config.yaml"
     cfg = (yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.is_file() else {}
     data, training = cfg.get("data", {}), cfg.get("training", {})
+    if strategy is None and label_by == "dir":
+        # The benchmark's layout: LABEL[@RULE]/seed_K. The rule is read from the config below,
+        # so the label is the directory's name without it (pilot_commit@reference -> pilot_commit,
+        # which the comparison takes as Pilot-Commit); a label that is no strategy is a variant.
+        strategy = path.parent.name.split("@")[0]
+        if variant == "none" and strategy not in MAIN_STRATEGIES:
+            variant = strategy
     if strategy is None:
-        strategy = path.parent.name if label_by == "dir" else cfg.get("allocation", {}).get("strategy", path.name)
+        strategy = cfg.get("allocation", {}).get("strategy", path.name)
     validation = data.get("validation")
     # Several validation sets write their own val_accuracy_stderr; one file is counted here.
     val_prompts = data.get("validation_size") if validation is None else _count_lines(Path(validation)) if isinstance(validation, str) else None

@@ -142,6 +142,12 @@ def test_load_run_takes_labels_from_the_run_config(tmp_path: Path) -> None:
     run = load_run(_write_run(tmp_path / "a" / "seed_3", "dapo", 3, [0.3, 0.4]))
     assert (run.regime, run.strategy, run.seed, run.val_prompts, run.val_samples) == ("hard", "dapo", 3, 200, 2)
     assert load_run(tmp_path / "a" / "seed_3", label_by="dir").strategy == "a"
+    # The benchmark's layout names the rule in the directory; the label drops it (the rule comes
+    # from the config), so Pilot-Commit is found as the reference and a control is a variant.
+    pc = load_run(_write_run(tmp_path / "pilot_commit@reference" / "seed_0", "pilot_commit", 0, [0.3, 0.4]), label_by="dir")
+    assert (pc.strategy, pc.variant) == ("pilot_commit", "none")
+    fair = load_run(_write_run(tmp_path / "grpo_fair@reference" / "seed_0", "grpo", 0, [0.3, 0.4]), label_by="dir")
+    assert (fair.strategy, fair.variant) == ("grpo_fair", "grpo_fair")
     many = _write_run(tmp_path / "b" / "seed_0", "grpo", 0, [0.3, 0.4])
     cfg = yaml.safe_load((many / "config.yaml").read_text())
     cfg["data"]["validation"] = ["x.jsonl", "y.jsonl"]  # several sets carry their own stderr
