@@ -21,6 +21,7 @@ COMMANDS = CommandTable("megatron-pc", {
     "launch": ("megatron_pc.launch.nemo:main", "submit a job through nemo-run (slurm | local)"),
     "config": ("megatron_pc.config_cli:main", "print the resolved configuration of an experiment"),
     "report": ("megatron_pc.analysis.report:main", "report and plots of validation accuracy against rollouts for any runs"),
+    "decompose": ("megatron_pc.analysis.decompose:main", "where the paper's gain comes from: update rules and controls side by side"),
     "data": ("megatron_pc.data.cli:main", "prompt data files: inspect (format, fields, problems) | convert (to our .jsonl)"),
 }, footer="Run `megatron-pc COMMAND --help` for a command's options.")
 

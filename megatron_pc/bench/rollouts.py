@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibration-prompts", type=int, default=500, help="validation prompts the start model is measured on")
     parser.add_argument("--no-simulate", action="store_true", help="skip the calibrated simulator")
     parser.add_argument("--target-fractions", default="0.25,0.5,0.75", help="targets as shares of the smallest final gain")
+    parser.add_argument("--equal-runs", default=None,
+                        help="a kept benchmark of 1 update a step (e.g. results/bench_rollouts): its GRPO/PC ratios join the "
+                             "decomposition table, for regimes that started from the same model")  # fmt: skip
     parser.add_argument("--out", default="runs/bench_rollouts", help="benchmark directory (runs, report.md, summary.json, PNGs)")
     return parser
 
@@ -382,9 +385,24 @@ def _bench(args: argparse.Namespace) -> int:
     if not args.no_simulate:
         sections.append(_simulate_all(args, regimes, runs, fractions, extra))
     sections.append(_timing_section(args, runs, fractions, extra))
+    if variants or args.equal_runs:
+        sections.append(_decomposition_section(args, runs, fractions, out, extra))
     summary = write_report(runs, out, fractions=fractions, extra=extra, sections=sections)
     print(f"bench rollouts: {out / 'report.md'}, {out / 'summary.json'}; plots: {', '.join(summary['plots'])}")
     return 0
+
+
+def _decomposition_section(args: argparse.Namespace, runs: list[Run], fractions: tuple[float, ...], out: Path, extra: dict[str, Any]) -> str:
+    """The decomposition table (megatron_pc.analysis.decompose) of this benchmark's runs, with the
+    1-update runs of --equal-runs where they started from the same model; into summary.json."""
+    from megatron_pc.analysis import decompose
+
+    equal, left_out = (decompose.same_start(decompose.find_runs(args.equal_runs), args.equal_runs, out)
+                       if args.equal_runs else (None, []))  # fmt: skip
+    table = decompose.decompose(runs, equal, fractions)
+    table["equal_left_out"] = left_out
+    extra["decomposition"] = table
+    return decompose.markdown(table)
 
 
 def labelled_jobs(args: argparse.Namespace, regime: Regime, out: Path, strategies: list[str], variants: list[str]) -> list[Job]:

@@ -101,6 +101,12 @@ def test_reduced_benchmark_writes_report_summary_and_plots_and_resumes(tiny_mode
     calibration = summary["calibration"]["paper_like"]
     assert calibration["prompts"] == 24 and 0 <= calibration["z"] <= 1
     assert set(summary["simulator"]["paper_like"]) >= {"ratios", "command", "lr"}
+    # The decomposition table: every column for each target (a ratio, or None where a label
+    # never reached it), in summary.json and the report.
+    columns = summary["decomposition"]["regimes"]["paper_like"]["columns"]
+    assert set(columns) == {"equal1", "reference", "pc_4up", "grpo_fair", "dapo_1x", "dapo_3x"}
+    assert all(len(c) == len(summary["decomposition"]["fractions"]) for c in columns.values())
+    assert "## Where the paper's gain comes from" in report
 
     assert "## paper_like" in report and "## The simulator beside the measurement" in report
     assert "| pilot_commit | reference | none | 1 |" in report and "| pc_4up | equal/4 | pc_4up | 1 |" in report
