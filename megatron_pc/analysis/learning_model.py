@@ -19,7 +19,7 @@ Two learning models, chosen by ``SimConfig.learning`` (``--learning``):
   with its reward std). N counts the updates taken so far, the step's own included: the tiny
   model's accuracy curves flatten with training (its skill grows about as log N at a constant
   batch), and k is how fast. The five numbers are fitted to measured runs by
-  :mod:`megatron_pc.analysis.simulate_fit` (``megatron-pc simulate --fit BENCH_DIR...``) and kept
+  :mod:`megatron_pc.analysis.simulate_fit` (``megatron-pc fit-simulator BENCH_DIR...``) and kept
   in ``learning_model.json`` next to this module, with the held-out error of the prediction.
 
 :class:`SkillScale` maps validation accuracy to skill and back for a policy whose prompts start
@@ -39,7 +39,7 @@ import numpy as np
 from megatron_pc.errors import ConfigError
 
 PARAMS_FILE = Path(__file__).with_name("learning_model.json")
-"""The fitted parameters the simulator uses by default (written by ``megatron-pc simulate --fit``)."""
+"""The fitted parameters the simulator uses by default (written by ``megatron-pc fit-simulator``)."""
 FULL_VARIANCE = 0.25
 """Reward variance of a group solved half the time: the unit of v."""
 

@@ -24,7 +24,7 @@ The model, and why
     ``training.mini_batch`` and ``mini_batch_unit``, as the trainer splits the step) on G
     informative groups of mean reward variance v, N updates into training, moves the skill by
         delta_s = a * U^b * (G/U)^c * (v/0.25)^e / (1 + k N)
-    with a, b, c, e, k fitted to measured runs (``megatron-pc simulate --fit BENCH_DIR...``,
+    with a, b, c, e, k fitted to measured runs (``megatron-pc fit-simulator BENCH_DIR...``,
     :mod:`megatron_pc.analysis.simulate_fit`; kept in analysis/learning_model.json with the
     held-out error of its predicted rollout ratios, which the output states). Learning grows
     less than linearly with the informative groups of an update (c < 1) and about linearly with
@@ -44,7 +44,7 @@ committed pilot rollouts (the paper finds it small; here it costs nothing); wall
 (only rollouts are counted); generalisation that differs by topic; forgetting. The fitted
 learning model was fitted on the tiny CPU model's runs (docs/benchmarks.md, "The simulator
 beside it"): a user's model may learn differently per update; refit it on a few runs of theirs
-(``--fit``) when they have them. Use it to compare rollout allocation, not to predict the
+(``megatron-pc fit-simulator``) when they have them. Use it to compare rollout allocation, not to predict the
 accuracy of a real model.
 """
 
@@ -310,9 +310,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--learning", choices=("fitted", "linear"),
                         help="learning model: fitted to measured runs (default) or the first, linear one (module docstring)")
     parser.add_argument("--learning-params", metavar="FILE", help="the fitted model's parameters (default: analysis/learning_model.json)")
-    parser.add_argument("--fit", nargs="+", metavar="BENCH_DIR",
-                        help="fit the learning model to these benchmarks' finished runs, print its held-out table, write --fit-out")  # fmt: skip
-    parser.add_argument("--fit-out", metavar="FILE", help="where --fit writes the parameters (default: analysis/learning_model.json)")
     for name in ("pool_size", "max_steps"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int)
     for name in ("target_accuracy", "difficulty_mean", "difficulty_std", "lr", "local_lr", "noise"):
@@ -363,10 +360,6 @@ def read_success_rates(path: str) -> tuple[list[float], int]:
 def main(argv: list[str] | None = None) -> int:
     """Run every strategy on every seed and print rollouts-to-target."""
     args = _parse(list(sys.argv[1:] if argv is None else argv))
-    if args.fit:
-        from megatron_pc.analysis.simulate_fit import refit
-
-        return refit(args.fit, args.fit_out)
     cfg = load_config(*split_config_args(args.config, args.overrides))
     sim = _sim_config(args)
     for name in sim.strategies:

@@ -1,8 +1,8 @@
-"""``megatron-pc simulate --fit BENCH_DIR...``: fit the simulator's learning model to measured
+"""``megatron-pc fit-simulator BENCH_DIR...``: fit the simulator's learning model to measured
 runs and judge it held out.
 
 The data. Every finished run of a benchmark's layout (BENCH_DIR/REGIME/LABEL[@RULE]/seed_K,
-:func:`find_runs`) gives, per step, its optimizer updates U (``updates``), its informative
+:func:`megatron_pc.analysis.decompose.find_runs`) gives, per step, its optimizer updates U (``updates``), its informative
 groups G (``batch_groups`` x (1 - ``zero_variance_share``)) and their mean reward variance v
 (``group_reward_var_mean`` / (1 - ``zero_variance_share``): the metric averages over all groups,
 the uninformative ones at 0), and every few steps its validation accuracy. The regime's
@@ -38,9 +38,10 @@ from typing import Any
 import numpy as np
 import yaml
 
+from megatron_pc.analysis.decompose import find_runs
 from megatron_pc.analysis.learning_model import PARAMS_FILE, FittedLearning, SkillScale, format_error
 from megatron_pc.analysis.report import TARGET_FRACTIONS, summarize
-from megatron_pc.analysis.runs import MAIN_STRATEGIES, REFERENCE, Run, load_run, relative_path
+from megatron_pc.analysis.runs import MAIN_STRATEGIES, REFERENCE, Run, relative_path
 from megatron_pc.config import Config, from_dict
 from megatron_pc.errors import MegatronPCError
 
@@ -65,16 +66,6 @@ GOAL = 0.2
 
 
 # ---- the measured runs -------------------------------------------------------------------------
-
-
-def find_runs(bench_dir: str | Path) -> list[Run]:
-    """Every finished run (``seed_K.wall.json`` beside it) of BENCH_DIR/REGIME/LABEL[@RULE]/seed_K,
-    labelled by its directory, the regime by BENCH_DIR/REGIME."""
-    root = Path(bench_dir)
-    if not root.is_dir():
-        raise MegatronPCError(f"--fit: benchmark directory {root} does not exist")
-    dirs = sorted(p.parent for p in root.glob("*/*/seed_*/metrics.jsonl") if p.parent.with_suffix(".wall.json").is_file())
-    return [load_run(d, regime=d.parent.parent.name, seed=int(d.name.removeprefix("seed_")), label_by="dir") for d in dirs]
 
 
 @dataclass
@@ -134,7 +125,7 @@ def load_groups(bench_dirs: list[str]) -> list[Group]:
         for regime in sorted({r.regime for r in runs}):
             rates_path = Path(bench_dir) / regime / "success_rates.json"
             if not rates_path.is_file():
-                raise MegatronPCError(f"--fit: {rates_path} is missing: the regime's calibration (its start model's success rates)")
+                raise MegatronPCError(f"fit-simulator: {rates_path} is missing: the regime's calibration (its start model's success rates)")
             rates, samples = read_success_rates(str(rates_path))
             scale = SkillScale(rates, samples)
             mine = [r for r in runs if r.regime == regime]
@@ -143,7 +134,7 @@ def load_groups(bench_dirs: list[str]) -> list[Group]:
             groups.append(Group(name, Path(bench_dir).name, regime, scale, rates, samples, float(scale.skill(start)),
                                 [trajectory(r, name) for r in mine]))  # fmt: skip
     if not groups:
-        raise MegatronPCError(f"--fit: no finished runs under {', '.join(bench_dirs)}")
+        raise MegatronPCError(f"fit-simulator: no finished runs under {', '.join(bench_dirs)}")
     return groups
 
 
@@ -194,7 +185,7 @@ def fit(groups: list[Group], start: np.ndarray = START, fixed: dict[str, float] 
     theta = full[free]
     r = residuals(expand(theta), groups)
     if not len(r):
-        raise MegatronPCError("--fit: the runs hold no validation after step 0 to fit")
+        raise MegatronPCError("fit-simulator: the runs hold no validation after step 0 to fit")
     cost, damping = float(r @ r), 1e-3
     for _ in range(iterations):
         jac = np.empty((len(r), len(theta)))
@@ -401,7 +392,7 @@ def _params_text(model: FittedLearning) -> str:
 
 
 def refit(bench_dirs: list[str], out: str | None = None) -> int:
-    """``megatron-pc simulate --fit``: fit on every finished run, judge held out, print the
+    """``megatron-pc fit-simulator``: fit on every finished run, judge held out, print the
     table, write the parameters with their held-out error."""
     groups = load_groups(bench_dirs)
     model, rmse = fit(groups)
@@ -415,7 +406,7 @@ def refit(bench_dirs: list[str], out: str | None = None) -> int:
         "fixed": FIXED,
         "rmse_accuracy": rmse,
         "fitted_on": {g.name: sorted(f"{t.run.strategy}@{t.run.update_rule}/seed_{t.run.seed}" for t in g.trajectories) for g in groups},
-        "command": "megatron-pc simulate --fit " + " ".join(relative_path(d) for d in bench_dirs),
+        "command": "megatron-pc fit-simulator " + " ".join(relative_path(d) for d in bench_dirs),
         "held_out": held,
         "table": rows,
     }
@@ -426,3 +417,14 @@ def refit(bench_dirs: list[str], out: str | None = None) -> int:
     target.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {target}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``megatron-pc fit-simulator BENCH_DIR... [--out FILE]``."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="megatron-pc fit-simulator", description=__doc__.split("\n\n")[0])
+    parser.add_argument("bench_dirs", nargs="+", metavar="BENCH_DIR", help="benchmark directories (REGIME/LABEL[@RULE]/seed_K runs)")
+    parser.add_argument("--out", help="where the parameters go (default: megatron_pc/analysis/learning_model.json, the simulator's)")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    return refit(args.bench_dirs, args.out)

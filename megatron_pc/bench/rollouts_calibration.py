@@ -110,12 +110,14 @@ def _measure(model_path: Path, problems: list[tuple[str, str]]) -> list[float]:
 # ---- the calibrated simulator -------------------------------------------------------------------
 
 
-def _sim_runs(cfgs: dict[str, Any], sim: Any, regime: str, validate_every: int) -> list[Run]:
-    """Simulated runs as report runs (each strategy under its own config: the benchmark's update
-    rule), their accuracy curves sampled like the real validations."""
+def _sim_runs(cfgs: Any, sim: Any, regime: str, validate_every: int) -> list[Run]:
+    """Simulated runs as report runs (each strategy under its own config, ``cfgs[strategy]``,
+    or one config for all), their accuracy curves sampled like the real validations."""
     from megatron_pc.analysis.simulate import run_one
     from megatron_pc.analysis.simulate_fit import curve_run
 
+    if not isinstance(cfgs, dict):
+        cfgs = {strategy: cfgs for strategy in sim.strategies}
     return [curve_run(regime, strategy, seed, run_one(cfgs[strategy], sim, strategy, seed)["curve"], validate_every)
             for strategy in sim.strategies for seed in sim.seeds]  # fmt: skip
 

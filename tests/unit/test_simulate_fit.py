@@ -106,7 +106,7 @@ def test_fitted_policy_learns_only_from_informative_groups() -> None:
 def test_committed_parameters_load_with_their_held_out_error() -> None:
     model, record = load_fitted(PARAMS_FILE)
     assert model.scale > 0 and 0 < model.groups_exp < 1
-    assert record["held_out"]["seed"]["ratios"] > 0 and record["command"].startswith("megatron-pc simulate --fit")
+    assert record["held_out"]["seed"]["ratios"] > 0 and record["command"].startswith("megatron-pc fit-simulator")
 
 
 def test_simulate_states_its_learning_model_and_error(capsys) -> None:
@@ -132,3 +132,34 @@ def test_fit_refuses_a_regime_without_its_calibration(tmp_path) -> None:
     (run.parent / "seed_0.wall.json").write_text("{}")
     with pytest.raises(Exception, match="success_rates.json"):
         load_groups([str(tmp_path / "bench")])
+
+
+def _bench(root: Path) -> Path:
+    """A small benchmark layout: PC and GRPO, 2 seeds, 10 steps, with its calibration."""
+    regime = root / "bench" / "mixed"
+    regime.mkdir(parents=True)
+    (regime / "success_rates.json").write_text(json.dumps({"rates": RATES, "samples": 16}))
+    for label, z in (("pilot_commit", 0.0), ("grpo", 0.4)):
+        for seed in range(2):
+            run = regime / label / f"seed_{seed}"
+            run.mkdir(parents=True)
+            rows = _rows(1, 32, z, 0.15, 10, seed)
+            for row in rows:
+                if row["val_accuracy"] is not None:
+                    row["val_accuracy"] = 0.45 + 0.01 * row["step"] * (1.2 if label == "pilot_commit" else 1.0)
+            (run / "metrics.jsonl").write_text("\n".join(json.dumps({k: v for k, v in r.items() if v is not None}) for r in rows) + "\n")
+            cfg = {"allocation": {"strategy": label}, "data": {"train_size": 800},
+                   "training": {"steps": 10, "validate_every": 5, "mini_batch": 32}}  # fmt: skip
+            (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+            (regime / label / f"seed_{seed}.wall.json").write_text("{}")
+    return root / "bench"
+
+
+def test_fit_simulator_writes_parameters_and_prints_the_held_out_table(tmp_path, capsys) -> None:
+    out = tmp_path / "params.json"
+    assert main(["fit-simulator", str(_bench(tmp_path)), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "fitted, a seed held out: mean |error|" in text and "grpo/PC" in text
+    model, record = load_fitted(out)
+    assert model.scale > 0 and {r["fold"] for r in record["table"]} >= {"seed 0", "seed 1"}
+    assert "held-out error" in record["summary"]
