@@ -489,4 +489,6 @@ def _simulate_all(args: argparse.Namespace, regimes: list[Regime], runs: list[Ru
     for regime in regimes:
         rates_path = out / regime.name / "success_rates.json"
         extra["simulator"][regime.name] = simulate_regime(args, regime, rates_path, measured[regime.name], fractions)
+    if extra["simulator"]:
+        print(f"bench rollouts: simulator: {next(iter(extra['simulator'].values()))['error']}")
     return simulator_section(extra["simulator"], measured)

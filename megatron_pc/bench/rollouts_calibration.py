@@ -25,6 +25,8 @@ from megatron_pc.analysis.runs import REFERENCE, Run, relative_path
 
 SAMPLES = 16
 """Samples per prompt when measuring success rates (z counts prompts whose samples all agree)."""
+AGREE = 0.2
+"""A predicted ratio within this share of the measured one agrees (the simulator's goal)."""
 MAX_BATCH_FACTOR = 8
 """The matched GRPO batch is at most this many train batches (z near 1 would ask for thousands)."""
 
@@ -128,7 +130,7 @@ def simulate_regime(args: argparse.Namespace, regime: Regime, rates_path: Path, 
 
     The fitted learning model (the default, ``--simulator-learning``) predicts from the success
     rates alone; the linear one has its learning rate scaled so its GRPO gains what the real one did."""
-    from megatron_pc.analysis.learning_model import load_fitted, model_error_hint
+    from megatron_pc.analysis.learning_model import format_error, load_fitted, model_error_hint
     from megatron_pc.analysis.simulate import LABELS, SimConfig, read_success_rates
     from megatron_pc.config import load_config
 
@@ -153,6 +155,7 @@ def simulate_regime(args: argparse.Namespace, regime: Regime, rates_path: Path, 
                f"--pool-size {sim.pool_size} --max-steps {sim.max_steps} --seeds {len(sim.seeds)} --learning {learning}"
                + (f" --lr {sim.lr:.4g}" if learning == "linear" else "") + f" --strategies {','.join(strategies)}")  # fmt: skip
     return {"learning": learning, "lr": sim.lr if learning == "linear" else None, "error": model_error_hint(learning, record),
+            "held_out_error": format_error(record) if record else None, "form": (record or {}).get("form"),
             "held_out": (record or {}).get("held_out"), "command": " ".join(command.split()),
             "start_accuracy": result["start_accuracy"], "final_gain": result["final_gain"], "fractions": result["fractions"],
             "ratios": _ratios(result), "targets": result["target_accuracies"]}  # fmt: skip
@@ -177,16 +180,17 @@ def misprediction(measured: dict[str, Any], predicted: dict[str, Any]) -> str:
         return f"mispredicts: measured {measured['status']}, predicted {predicted['status']}"
     if (m - 1.0) * (p - 1.0) < 0:
         return "mispredicts the winner"
-    if abs(p / m - 1.0) > 0.25:
+    if abs(p / m - 1.0) > AGREE:
         return f"mispredicts the size ({'over' if p > m else 'under'} by {abs(p / m - 1.0):.0%})"
-    return "agrees (within 25%)"
+    return f"agrees (within {AGREE:.0%})"
 
 
 def simulator_section(simulated: dict[str, Any], measured: dict[str, Any]) -> str:
     """report.md's comparison of measured and predicted ratios."""
     first = next(iter(simulated.values()), {})
-    model = ("its learning model is the one fitted to the benchmark's measured runs (docs/benchmarks.md, \"The simulator "
-             "beside it\"), so it predicts from the success rates alone; " + first.get("error", "") + ". "
+    model = ("its learning model is the one fitted to the kept benchmarks' measured runs (" + str(first.get("form")) +
+             "; docs/benchmarks.md, \"The simulator beside it\"), so it predicts from the success rates alone. Its "
+             + str(first.get("held_out_error")) + ". "
              if first.get("learning") == "fitted" else
              "its learning model is the linear one, its learning rate scaled so its GRPO gains what the real GRPO gained. ")  # fmt: skip
     lines = ["## The simulator beside the measurement", "",
