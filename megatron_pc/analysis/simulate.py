@@ -333,6 +333,8 @@ def _sim_config(args: argparse.Namespace) -> SimConfig:
     if args.learning is not None:
         sim.learning = args.learning
     check_learning(sim.learning)
+    if sim.learning == "fitted" and args.lr is not None:
+        raise ConfigError("--lr", "sets the linear model's learning rate; add --learning linear (the fitted model has no lr)")
     if sim.learning == "fitted":
         sim.fitted = load_fitted(args.learning_params)[0]
     if not 0.0 < sim.target_accuracy < 1.0:

@@ -117,6 +117,11 @@ def test_simulate_states_its_learning_model_and_error(capsys) -> None:
     assert "learning model: linear" in capsys.readouterr().out
 
 
+def test_simulate_refuses_lr_without_the_linear_model(capsys) -> None:
+    assert main(["simulate", "--lr", "0.02"]) == 2
+    assert "--lr" in capsys.readouterr().err
+
+
 def test_simulate_refuses_unreadable_learning_parameters(tmp_path, capsys) -> None:
     bad = tmp_path / "params.json"
     bad.write_text(json.dumps({"params": {"scale": 1.0}}))
