@@ -384,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=1))
     else:
         print(format_table(summary, sim, runs[0]["start_accuracy"]))
+        reached = {n: s["median_rollouts_to_target"] for n, s in summary.items() if s["median_rollouts_to_target"]}
+        if reached:
+            best = min(reached, key=reached.__getitem__)
+            print(f"fewest rollouts to the target: {best} (median {reached[best]:,.0f})")
         print(model_error_hint(sim.learning, record))
         print(f"({seconds:.1f} s)")
     return 0

@@ -111,8 +111,9 @@ def test_committed_parameters_load_with_their_held_out_error() -> None:
 
 def test_simulate_states_its_learning_model_and_error(capsys) -> None:
     args = ["simulate", "--seeds", "1", "--pool-size", "600", "--max-steps", "5"]
-    assert main(args) == 0
-    assert "learning model: fitted" in capsys.readouterr().out
+    assert main([*args, "--target-accuracy", "0.3"]) == 0
+    out = capsys.readouterr().out
+    assert "learning model: fitted" in out and "held-out error" in out and "fewest rollouts to the target:" in out
     assert main([*args, "--learning", "linear"]) == 0
     assert "learning model: linear" in capsys.readouterr().out
 
