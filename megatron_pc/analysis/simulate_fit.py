@@ -414,9 +414,16 @@ def refit(bench_dirs: list[str], out: str | None = None) -> int:
     record["summary"] = format_error(record)
     print(record["summary"])
     target = Path(out) if out else PARAMS_FILE
-    target.write_text(json.dumps(record, indent=1) + "\n")
+    target.write_text(record_json(record))
     print(f"wrote {target}")
     return 0
+
+
+def record_json(record: dict[str, Any]) -> str:
+    """The record as JSON, its held-out table one row a line (the file stays readable in a diff)."""
+    head = json.dumps({k: v for k, v in record.items() if k != "table"}, indent=1)
+    rows = ",\n".join("  " + json.dumps(r) for r in record.get("table", []))
+    return head[:-2] + ',\n "table": [\n' + rows + "\n ]\n}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
