@@ -67,9 +67,10 @@ setup(
     # scripts/install.sh checks.
     python_requires=">=3.11,<3.13",
     packages=find_packages(include=["megatron_pc", "megatron_pc.*", "conversion", "conversion.*"]),
-    # No package data: the packages hold only .py files. The experiment configs are the
-    # checkout's configs/ (megatron-pc plan and launch find them there), so the install is
-    # editable from a checkout (scripts/install.sh: pip install -e).
+    # Package data: only the simulator's fitted learning model (megatron-pc simulate --fit writes
+    # it). The experiment configs are the checkout's configs/ (megatron-pc plan and launch find
+    # them there), so the install is editable from a checkout (scripts/install.sh: pip install -e).
+    package_data={"megatron_pc.analysis": ["learning_model.json"]},
     install_requires=BASE,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["megatron-pc=megatron_pc.cli:main"]},

@@ -13,15 +13,27 @@ The model, and why
   each prompt draws one measured per-prompt success rate k/m of that model (m samples each) and
   its starting p_i from that rate's posterior Beta(k + 1/2, m - k + 1/2), so d_i = -logit(p_i);
   a prompt measured 0/16 starts rare-but-possible rather than impossible.
-* Learning signal. For a logistic p_i, d p_i / d s = p_i (1 - p_i): the expected policy
-  gradient a prompt contributes is largest at p = 1/2, which is Proposition 3.1 of the paper
-  (see docs/pilot_commit.md). A sampled GRPO group with empirical success rate q
-  and std-normalised advantages contributes a gradient whose size along s is proportional to
-  sqrt(q (1 - q)) (its reward std), and exactly 0 for an all-equal group. The optimizer step
-  averages over the groups of the train batch (token-mean loss with equal-length responses),
-  so one step moves the skill by
-      delta_s = lr * mean_over_groups( sqrt(q_g (1 - q_g)) )  [+ Normal(0, noise) jitter]
-  and each trained prompt also gets easier by local_lr * sqrt(q_g (1 - q_g)) (fitting the
+* Learning signal (``--learning``, :mod:`megatron_pc.analysis.learning_model`). For a logistic
+  p_i, d p_i / d s = p_i (1 - p_i): the expected policy gradient a prompt contributes is largest
+  at p = 1/2, which is Proposition 3.1 of the paper (see docs/pilot_commit.md). A sampled GRPO
+  group with empirical success rate q and std-normalised advantages contributes a gradient whose
+  size along s is proportional to sqrt(q (1 - q)) (its reward std), and exactly 0 for an
+  all-equal group. How the skill responds to a step's groups:
+
+  - ``fitted`` (the default): a step of U optimizer updates (from the config's
+    ``training.mini_batch`` and ``mini_batch_unit``, as the trainer splits the step) on G
+    informative groups of mean reward variance v, N updates into training, moves the skill by
+        delta_s = a * U^b * (G/U)^c * (v/0.25)^e / (1 + k N)
+    with a, b, c, e, k fitted to measured runs (``megatron-pc fit-simulator BENCH_DIR...``,
+    :mod:`megatron_pc.analysis.simulate_fit`; kept in analysis/learning_model.json with the
+    held-out error of its predicted rollout ratios, which the output states). Learning grows
+    less than linearly with the informative groups of an update (c < 1) and about linearly with
+    the updates: what the measured runs show.
+  - ``linear`` (the first model): one step moves the skill by
+        delta_s = lr * mean_over_groups( sqrt(q_g (1 - q_g)) ) / 0.5  [+ Normal(0, noise) jitter]
+    whatever the update count; on the measured runs it picks the wrong winner against GRPO.
+
+  Either way each trained prompt also gets easier by local_lr * sqrt(q_g (1 - q_g)) (fitting the
   prompt itself).
 * Validation accuracy is the exact expected accuracy sigmoid(s - d_j) averaged over a
   held-out set of difficulties (no sampling noise), measured after every step.
@@ -29,8 +41,11 @@ The model, and why
 What it does NOT model: response lengths and token-level effects (so DAPO's overlong shaping
 and token-mean vs sequence-mean differences are invisible); off-policy staleness of
 committed pilot rollouts (the paper finds it small; here it costs nothing); wall-clock time
-(only rollouts are counted); generalisation that differs by topic; forgetting. Use it to
-compare rollout allocation, not to predict accuracy of a real model.
+(only rollouts are counted); generalisation that differs by topic; forgetting. The fitted
+learning model was fitted on the tiny CPU model's runs (docs/benchmarks.md, "The simulator
+beside it"): a user's model may learn differently per update; refit it on a few runs of theirs
+(``megatron-pc fit-simulator``) when they have them. Use it to compare rollout allocation, not to predict the
+accuracy of a real model.
 """
 
 from __future__ import annotations
@@ -46,9 +61,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_pc.allocation import Rollout, RoundPlan, build_strategy
+from megatron_pc.allocation import Rollout, RoundPlan, TrainGroup, build_strategy, strategy_class
 from megatron_pc.allocation.trace import NullTrace, TraceSink, TraceWriter
 from megatron_pc.allocation.config import AllocationConfig
+from megatron_pc.analysis.learning_model import FittedLearning, check_learning, load_fitted, model_error_hint
 from megatron_pc.config import Config, from_dict, load_config, to_dict
 from megatron_pc.config_cli import split_config_args
 from megatron_pc.errors import ConfigError, RoundLimitError
@@ -66,8 +82,13 @@ class SimConfig:
     """Mean latent difficulty (skill starts at 0: the start accuracy is well below 1/2)."""
     difficulty_std: float = 3.0
     """Spread of difficulties; a wide spread makes many all-correct / all-wrong groups."""
+    learning: str = "fitted"
+    """The learning model: ``fitted`` (to measured runs, :mod:`megatron_pc.analysis.learning_model`)
+    or ``linear`` (``lr`` per step in proportion to the groups' reward std)."""
+    fitted: FittedLearning | None = None
+    """The fitted model's parameters (None: analysis/learning_model.json)."""
     lr: float = 0.02
-    """Skill gained per step from a batch whose every group has reward std 1/2."""
+    """``linear``: skill gained per step from a batch whose every group has reward std 1/2."""
     local_lr: float = 0.5
     """How much easier a trained prompt becomes, per unit of its group's reward std."""
     noise: float = 0.0
@@ -95,6 +116,10 @@ class SimulatedPolicy:
         rng = random.Random(seed)
         self.sim = sim
         self.skill = 0.0
+        self.updates_done = 0
+        self.learning = sim.fitted if sim.learning == "fitted" else None
+        if sim.learning == "fitted" and self.learning is None:
+            self.learning = load_fitted()[0]
         self.difficulty = [self._draw_difficulty(rng) for _ in range(sim.pool_size)]
         self.validation = [self._draw_difficulty(rng) for _ in range(sim.validation_size)]
         self._rng = random.Random(seed + 7919)
@@ -121,8 +146,9 @@ class SimulatedPolicy:
             out.append([Rollout(1.0 if w else 0.0, w) for w in wins])
         return out
 
-    def train(self, groups: list[Any]) -> None:
-        """One optimizer step on a batch of groups (see the module docstring)."""
+    def train(self, groups: list[Any], updates: int = 1) -> None:
+        """One training step of ``updates`` optimizer updates on a batch of groups (see the
+        module docstring)."""
         if not groups:
             return
         signals = []
@@ -132,7 +158,13 @@ class SimulatedPolicy:
             signals.append(signal)
             self.difficulty[g.prompt] -= self.sim.local_lr * signal
         jitter = self._rng.gauss(0.0, self.sim.noise) if self.sim.noise else 0.0
-        self.skill += self.sim.lr * (sum(signals) / len(signals)) / 0.5 + jitter
+        self.updates_done += updates
+        if self.learning is None:
+            self.skill += self.sim.lr * (sum(signals) / len(signals)) / 0.5 + jitter
+            return
+        live = [s * s for s in signals if s > 0.0]  # the informative groups' reward variances q (1 - q)
+        variance = sum(live) / len(live) if live else 0.0
+        self.skill += self.learning.step_gain(updates, len(live), variance, self.updates_done) + jitter
 
     def validation_accuracy(self) -> float:
         """Exact expected accuracy on the held-out prompts."""
@@ -163,7 +195,7 @@ def run_one(cfg: Config, sim: SimConfig, strategy: str, seed: int, trace: TraceS
             break
         result = strat.finish_step()
         m = result.metrics
-        policy.train(result.groups)
+        policy.train(result.groups, step_updates(cfg, alloc, result.groups))
         acc = policy.validation_accuracy()
         generated = int(result.metrics["cum_generated"])
         curve.append((step, generated, acc))
@@ -185,6 +217,19 @@ def run_one(cfg: Config, sim: SimConfig, strategy: str, seed: int, trace: TraceS
         "prompts_evicted": int(m.get("cum_prompts_evicted", 0)),
         "curve": curve,
     }
+
+
+def step_updates(cfg: Config, alloc: AllocationConfig, groups: list[TrainGroup]) -> int:
+    """Optimizer updates of a step, as the trainer splits it (driver/update.py plan_rows):
+    mini-batches of ``training.mini_batch`` groups, or of ``mini_batch`` x the strategy's
+    rollouts per generation call (``mini_batch_unit=call_rollouts``, the reference recipe)."""
+    t = cfg.training
+    if not groups:
+        return 0
+    if t.mini_batch_unit == "groups":
+        return math.ceil(len(groups) / t.mini_batch)
+    size = t.mini_batch * strategy_class(alloc.strategy).rollouts_per_call(alloc)
+    return math.ceil(sum(g.size for g in groups) / size)
 
 
 LABELS = {"pc_history": ("pilot_commit", {"preset": "history_aware"})}
@@ -262,6 +307,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--strategies", help="comma-separated strategies to compare")
     parser.add_argument("--success-rates", metavar="FILE",
                         help='JSON: measured per-prompt success rates of a start model, [0.25, ...] or {"rates": [...], "samples": 16}')  # fmt: skip
+    parser.add_argument("--learning", choices=("fitted", "linear"),
+                        help="learning model: fitted to measured runs (default) or the first, linear one (module docstring)")
+    parser.add_argument("--learning-params", metavar="FILE", help="the fitted model's parameters (default: analysis/learning_model.json)")
     for name in ("pool_size", "max_steps"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int)
     for name in ("target_accuracy", "difficulty_mean", "difficulty_std", "lr", "local_lr", "noise"):
@@ -282,6 +330,13 @@ def _sim_config(args: argparse.Namespace) -> SimConfig:
         sim.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if args.success_rates:
         sim.success_rates, sim.success_samples = read_success_rates(args.success_rates)
+    if args.learning is not None:
+        sim.learning = args.learning
+    check_learning(sim.learning)
+    if sim.learning == "fitted" and args.lr is not None:
+        raise ConfigError("--lr", "sets the linear model's learning rate; add --learning linear (the fitted model has no lr)")
+    if sim.learning == "fitted":
+        sim.fitted = load_fitted(args.learning_params)[0]
     if not 0.0 < sim.target_accuracy < 1.0:
         raise ConfigError("--target-accuracy", f"must lie in (0, 1), got {sim.target_accuracy}")
     for name in ("pool_size", "max_steps"):
@@ -320,13 +375,30 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_one(cfg, sim, name, seed, trace))
     summary = summarize(runs, sim.strategies)
     seconds = time.perf_counter() - t0
+    record = _learning_record(args.learning_params)
     if args.json:
-        out = {"sim": sim.__dict__, "allocation": _alloc_summary(cfg), "summary": summary, "runs": runs, "seconds": seconds}
+        sim_fields = {**sim.__dict__, "fitted": sim.fitted.as_dict() if sim.fitted else None}
+        out = {"sim": sim_fields, "allocation": _alloc_summary(cfg), "summary": summary, "runs": runs, "seconds": seconds,
+               "learning": {"model": sim.learning, "error": model_error_hint(sim.learning, record),
+                            "held_out": (record or {}).get("held_out")}}  # fmt: skip
         print(json.dumps(out, indent=1))
     else:
         print(format_table(summary, sim, runs[0]["start_accuracy"]))
+        reached = {n: s["median_rollouts_to_target"] for n, s in summary.items() if s["median_rollouts_to_target"]}
+        if reached:
+            best = min(reached, key=reached.__getitem__)
+            print(f"fewest rollouts to the target: {best} (median {reached[best]:,.0f})")
+        print(model_error_hint(sim.learning, record))
         print(f"({seconds:.1f} s)")
     return 0
+
+
+def _learning_record(path: str | None) -> dict[str, Any] | None:
+    """The fitted model's record (its held-out error), None when there is none to read."""
+    try:
+        return load_fitted(path)[1]
+    except ConfigError:
+        return None
 
 
 def _alloc_summary(cfg: Config) -> dict[str, Any]:

@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ablations", default=",".join(ABLATIONS), help=f"comma-separated from {', '.join(ABLATIONS)}, or none")
     parser.add_argument("--calibration-prompts", type=int, default=500, help="validation prompts the start model is measured on")
     parser.add_argument("--no-simulate", action="store_true", help="skip the calibrated simulator")
+    parser.add_argument("--simulator-learning", choices=("fitted", "linear"), default="fitted",
+                        help="the simulator's learning model (megatron-pc simulate --learning)")  # fmt: skip
     parser.add_argument("--target-fractions", default="0.25,0.5,0.75", help="targets as shares of the smallest final gain")
     parser.add_argument("--equal-runs", default=None,
                         help="a kept benchmark of 1 update a step (e.g. results/bench_rollouts): its GRPO/PC ratios join the "
@@ -487,4 +489,6 @@ def _simulate_all(args: argparse.Namespace, regimes: list[Regime], runs: list[Ru
     for regime in regimes:
         rates_path = out / regime.name / "success_rates.json"
         extra["simulator"][regime.name] = simulate_regime(args, regime, rates_path, measured[regime.name], fractions)
+    if extra["simulator"]:
+        print(f"bench rollouts: simulator: {next(iter(extra['simulator'].values()))['error']}")
     return simulator_section(extra["simulator"], measured)

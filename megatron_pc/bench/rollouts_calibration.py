@@ -25,6 +25,8 @@ from megatron_pc.analysis.runs import REFERENCE, Run, relative_path
 
 SAMPLES = 16
 """Samples per prompt when measuring success rates (z counts prompts whose samples all agree)."""
+AGREE = 0.2
+"""A predicted ratio within this share of the measured one agrees (the simulator's goal)."""
 MAX_BATCH_FACTOR = 8
 """The matched GRPO batch is at most this many train batches (z near 1 would ask for thousands)."""
 
@@ -110,48 +112,52 @@ def _measure(model_path: Path, problems: list[tuple[str, str]]) -> list[float]:
 # ---- the calibrated simulator -------------------------------------------------------------------
 
 
-def _sim_runs(cfg: Any, sim: Any, regime: str, validate_every: int) -> list[Run]:
-    """Simulated runs as report runs: their accuracy curves sampled like the real validations."""
+def _sim_runs(cfgs: Any, sim: Any, regime: str, validate_every: int) -> list[Run]:
+    """Simulated runs as report runs (each strategy under its own config, ``cfgs[strategy]``,
+    or one config for all), their accuracy curves sampled like the real validations."""
     from megatron_pc.analysis.simulate import run_one
+    from megatron_pc.analysis.simulate_fit import curve_run
 
-    runs = []
-    for strategy in sim.strategies:
-        for seed in sim.seeds:
-            curve = run_one(cfg, sim, strategy, seed)["curve"]
-            rows, previous = [], 0
-            for step, generated, acc in curve:
-                row: dict[str, Any] = {"step": step, "cum_generated": generated}
-                if step:
-                    row["generated"], previous = generated - previous, generated
-                if step % validate_every == 0 or step == curve[-1][0]:
-                    row["val_accuracy"] = acc
-                rows.append(row)
-            runs.append(Run(regime, strategy, seed, Path(f"simulated/{strategy}/seed_{seed}"), rows))
-    return runs
+    if not isinstance(cfgs, dict):
+        cfgs = {strategy: cfgs for strategy in sim.strategies}
+    return [curve_run(regime, strategy, seed, run_one(cfgs[strategy], sim, strategy, seed)["curve"], validate_every)
+            for strategy in sim.strategies for seed in sim.seeds]  # fmt: skip
 
 
 def simulate_regime(args: argparse.Namespace, regime: Regime, rates_path: Path, measured: dict[str, Any],
                     fractions: tuple[float, ...]) -> dict[str, Any]:  # fmt: skip
-    """Predicted targets and ratios of one regime, and the command that reproduces them."""
-    from megatron_pc.analysis.simulate import SimConfig, read_success_rates
+    """Predicted targets and ratios of one regime, and the command that reproduces them.
+
+    The fitted learning model (the default, ``--simulator-learning``) predicts from the success
+    rates alone; the linear one has its learning rate scaled so its GRPO gains what the real one did."""
+    from megatron_pc.analysis.learning_model import format_error, load_fitted, model_error_hint
+    from megatron_pc.analysis.simulate import LABELS, SimConfig, read_success_rates
     from megatron_pc.config import load_config
 
     rates, samples = read_success_rates(str(rates_path))
-    from megatron_pc.analysis.simulate import LABELS
-
     strategies = [s for s in measured["strategies"] if s in ("pilot_commit", "grpo", "dapo", *LABELS)]
-    cfg = load_config(args.config, [*args.overrides, "allocation.strategy=pilot_commit"])
+    learning = getattr(args, "simulator_learning", "fitted")
+    base = [*args.overrides, "allocation.strategy=pilot_commit"]
+    train_batch = load_config(args.config, base).allocation.train_batch
+    rule = [*args.rule.overrides(train_batch, train_batch, "simulator")] if hasattr(args, "rule") else []
+    cfgs = {s: load_config(args.config, [*base, *rule]) for s in strategies}
+    fitted, record = load_fitted() if learning == "fitted" else (None, None)
     sim = SimConfig(pool_size=args.train_size, validation_size=min(args.val_size, 2000), success_rates=rates, success_samples=samples,
-                    target_accuracy=math.inf, max_steps=args.steps, seeds=list(range(args.seeds)), strategies=strategies)  # fmt: skip
-    first = summarize(_sim_runs(cfg, sim, regime.name, args.validate_every), fractions)["regimes"][regime.name]
-    real, simulated = measured["final_gain"].get("grpo"), first["final_gain"].get("grpo")
-    if real is not None and simulated is not None and real > 0 and simulated > 0:
-        sim.lr *= real / simulated  # the simulated GRPO then gains about what the real one did
-    result = summarize(_sim_runs(cfg, sim, regime.name, args.validate_every), fractions)["regimes"][regime.name]
-    command = (f"megatron-pc simulate {args.config} {' '.join(args.overrides)} --success-rates {rates_path} --pool-size {sim.pool_size} "
-               f"--max-steps {sim.max_steps} --seeds {len(sim.seeds)} --lr {sim.lr:.4g} --strategies {','.join(strategies)}")  # fmt: skip
-    return {"lr": sim.lr, "command": " ".join(command.split()), "start_accuracy": result["start_accuracy"],
-            "final_gain": result["final_gain"], "fractions": result["fractions"],
+                    target_accuracy=math.inf, max_steps=args.steps, seeds=list(range(args.seeds)), strategies=strategies,
+                    learning=learning, fitted=fitted)  # fmt: skip
+    result = summarize(_sim_runs(cfgs, sim, regime.name, args.validate_every), fractions)["regimes"][regime.name]
+    if learning == "linear":
+        real, simulated = measured["final_gain"].get("grpo"), result["final_gain"].get("grpo")
+        if real is not None and simulated is not None and real > 0 and simulated > 0:
+            sim.lr *= real / simulated  # the simulated GRPO then gains about what the real one did
+            result = summarize(_sim_runs(cfgs, sim, regime.name, args.validate_every), fractions)["regimes"][regime.name]
+    command = (f"megatron-pc simulate {args.config} {' '.join(args.overrides)} {' '.join(rule)} --success-rates {rates_path} "
+               f"--pool-size {sim.pool_size} --max-steps {sim.max_steps} --seeds {len(sim.seeds)} --learning {learning}"
+               + (f" --lr {sim.lr:.4g}" if learning == "linear" else "") + f" --strategies {','.join(strategies)}")  # fmt: skip
+    return {"learning": learning, "lr": sim.lr if learning == "linear" else None, "error": model_error_hint(learning, record),
+            "held_out_error": format_error(record) if record else None, "form": (record or {}).get("form"),
+            "held_out": (record or {}).get("held_out"), "command": " ".join(command.split()),
+            "start_accuracy": result["start_accuracy"], "final_gain": result["final_gain"], "fractions": result["fractions"],
             "ratios": _ratios(result), "targets": result["target_accuracies"]}  # fmt: skip
 
 
@@ -174,16 +180,22 @@ def misprediction(measured: dict[str, Any], predicted: dict[str, Any]) -> str:
         return f"mispredicts: measured {measured['status']}, predicted {predicted['status']}"
     if (m - 1.0) * (p - 1.0) < 0:
         return "mispredicts the winner"
-    if abs(p / m - 1.0) > 0.25:
+    if abs(p / m - 1.0) > AGREE:
         return f"mispredicts the size ({'over' if p > m else 'under'} by {abs(p / m - 1.0):.0%})"
-    return "agrees (within 25%)"
+    return f"agrees (within {AGREE:.0%})"
 
 
 def simulator_section(simulated: dict[str, Any], measured: dict[str, Any]) -> str:
     """report.md's comparison of measured and predicted ratios."""
+    first = next(iter(simulated.values()), {})
+    model = ("its learning model is the one fitted to the kept benchmarks' measured runs (" + str(first.get("form")) +
+             "; docs/benchmarks.md, \"The simulator beside it\"), so it predicts from the success rates alone. Its "
+             + str(first.get("held_out_error")) + ". "
+             if first.get("learning") == "fitted" else
+             "its learning model is the linear one, its learning rate scaled so its GRPO gains what the real GRPO gained. ")  # fmt: skip
     lines = ["## The simulator beside the measurement", "",
-             "The simulator's start is each regime's measured per-prompt success rates; its learning rate is scaled so its GRPO "
-             "gains what the real GRPO gained; its targets follow the same rule (fractions of its own smallest gain). "
+             "The simulator's start is each regime's measured per-prompt success rates; " + model +
+             "Its targets follow the same rule (fractions of its own smallest gain). "
              "Ratios are rollouts to target, other / Pilot-Commit.", "",
              "| regime | target | strategy | measured | predicted | verdict |", "|---|---|---|---|---|---|"]  # fmt: skip
     for name, sim in simulated.items():

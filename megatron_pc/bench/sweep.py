@@ -60,7 +60,8 @@ def run_setting(cfg: Any, mean: float, std: float, pool: int, args: argparse.Nam
     from megatron_pc.analysis.simulate import SimConfig, SimulatedPolicy
 
     sim = SimConfig(pool_size=pool, validation_size=1000, difficulty_mean=mean, difficulty_std=std, target_accuracy=float("inf"),
-                    max_steps=args.steps, seeds=list(range(args.seeds)), strategies=list(STRATEGIES))  # fmt: skip
+                    max_steps=args.steps, seeds=list(range(args.seeds)), strategies=list(STRATEGIES),
+                    learning="linear")  # fmt: skip  # the kept sweep (results/sweep) was run with the linear model
     reg = summarize(_sim_runs(cfg, sim, "sim", args.validate_every), fractions)["regimes"]["sim"]
     targets = []
     for frac, t in zip(reg["fractions"], reg["targets"]):

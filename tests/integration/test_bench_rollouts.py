@@ -100,7 +100,8 @@ def test_reduced_benchmark_writes_report_summary_and_plots_and_resumes(tiny_mode
         assert "No strategy improved on the start accuracy: no targets." in report
     calibration = summary["calibration"]["paper_like"]
     assert calibration["prompts"] == 24 and 0 <= calibration["z"] <= 1
-    assert set(summary["simulator"]["paper_like"]) >= {"ratios", "command", "lr"}
+    assert set(summary["simulator"]["paper_like"]) >= {"ratios", "command", "lr", "learning", "held_out_error"}
+    assert summary["simulator"]["paper_like"]["learning"] == "fitted" and "held-out error" in report
     # The decomposition table: every column for each target (a ratio, or None where a label
     # never reached it), in summary.json and the report.
     columns = summary["decomposition"]["regimes"]["paper_like"]["columns"]
