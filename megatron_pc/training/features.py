@@ -92,7 +92,7 @@ def prompt_batches(prompts: Sequence[PromptTokens], token_budget: int, multiple:
         width += -width % multiple
         ids = torch.full((len(group), width), pad_id, dtype=torch.long)
         for row, i in enumerate(group):
-            ids[row, : lengths[i]] = torch.as_tensor(np.asarray(prompts[i]), dtype=torch.long)
+            ids[row, : lengths[i]] = torch.from_numpy(np.array(prompts[i], dtype=np.int64))  # a copy: Ray hands read-only arrays
         last = torch.tensor([lengths[i] - 1 for i in group], dtype=torch.long)
         positions = torch.arange(width).expand(len(group), -1).contiguous()
         batches.append(PromptBatch(group, ids, positions, last))
