@@ -297,6 +297,16 @@ class MegatronGroup:
         results = self._gather([getattr(a, method).remote(*args) for a in self.actors], method)
         return _first_per_group(results, self.dp_of_rank, self.data_parallel)
 
+    def prompt_features(self, prompts: Sequence[Any]) -> tuple[Any, dict[str, int]]:
+        """The final hidden state (after the final norm, fp32) at each prompt's last token: an
+        ``[len(prompts), hidden]`` array in order, and the tokens forwarded (``tokens``,
+        ``padded_tokens``). The prompts (token-id vectors) go into the object store once; each
+        DP group forwards its share (megatron_pc.training.features)."""
+        from megatron_pc.training.features import assemble_features
+
+        ref = _import_ray().put(list(prompts))
+        return assemble_features(self.call_all("prompt_features", ref), len(prompts))
+
     def _gather(self, refs: list[Any], method: str) -> list[Any]:
         """Every rank's result, in rank order. A rank whose process died is named at once: its
         peers may be blocked in a collective with it and would never answer."""

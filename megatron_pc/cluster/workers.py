@@ -88,6 +88,11 @@ class MegatronRank:
         out = self.worker.compute_logprobs(seqs)
         return [lp.tolist() for lp, _ in out] if self.rank == 0 else None
 
+    def prompt_features(self, prompts: list[Any]) -> Any:
+        """Final hidden states at the prompts' last tokens (a PromptFeatures of this DP group's
+        share, from the last pipeline stage's TP rank 0; None on every other rank)."""
+        return self.worker.prompt_features(prompts)
+
     # ---- a step's rows, kept on the worker (see megatron_pc.training.payload) ----------------
     def layout(self) -> dict[str, int]:
         """This rank's place in the TP x PP x DP world."""

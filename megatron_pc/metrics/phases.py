@@ -1,11 +1,11 @@
 """The phases of one training step: the one list of their names.
 
-A step runs its phases in this order (``pipeline_wait`` only when pipelined; ``reference``
-only with a KL term; ``validation`` every ``training.validate_every`` steps). The timer
-(:class:`megatron_pc.metrics.timing.Timer`) takes no other name, and each timed phase ``p``
-becomes the metric ``time_p``; ``total`` times the whole step around them. ``checkpoint`` is
-not timed: it is the point, after the policy's files are written and before the manifest,
-where the fault suite can strike.
+A step runs its phases in this order (``screen`` only when a screen asks for prompt features;
+``pipeline_wait`` only when pipelined; ``reference`` only with a KL term; ``validation`` every
+``training.validate_every`` steps). The timer (:class:`megatron_pc.metrics.timing.Timer`) takes
+no other name, and each timed phase ``p`` becomes the metric ``time_p``; ``total`` times the
+whole step around them. ``checkpoint`` is not timed: it is the point, after the policy's files
+are written and before the manifest, where the fault suite can strike.
 
 Readers of phases take named subsets of :data:`PHASES`, in its order, never their own list.
 """
@@ -13,6 +13,7 @@ Readers of phases take named subsets of :data:`PHASES`, in its order, never thei
 from __future__ import annotations
 
 PHASES: tuple[str, ...] = (
+    "screen",  # prompt features for a screen (megatron_pc.driver.features): a prefill on the policy ranks
     "generate",  # the rounds' engine calls
     "reward",  # decode and grade every sample
     "dispatch",  # each DP group's rows into the object store, loaded on the ranks

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -20,9 +21,10 @@ from megatron_pc import platform
 from megatron_pc.models.config import ModelConfig
 from megatron_pc.models.hf_config import HFArch, load_arch
 from megatron_pc.models.hf_weights import load_hf_weights
-from megatron_pc.training import steps
+from megatron_pc.training import features, steps
 from megatron_pc.training.batching import MicroBatch, Sequence, loss_denominator, micro_batches
 from megatron_pc.training.config import TrainingConfig
+from megatron_pc.training.features import PromptFeatures, PromptTokens
 from megatron_pc.training.memory import offload_for_generation, reload_for_training
 from megatron_pc.training.setup import build_model, build_optimizer
 
@@ -106,6 +108,29 @@ class ReferenceWorker:
                 span = slice(seqs[i].prompt_len - 1, len(seqs[i].tokens) - 1)
                 mine[i] = (out["logprobs"][row, span].clone(), out["entropy"][row, span].clone())
         return _pp_share(mine, len(seqs))
+
+    @torch.no_grad()
+    def prompt_features(self, prompts: list[PromptTokens]) -> PromptFeatures | None:
+        """The final hidden state (after the final norm, fp32) at each prompt's last token,
+        from a prefill of the prompts alone (megatron_pc.training.features). ``prompts`` is the
+        global list, the same on every rank: each DP group forwards its share, and the last
+        pipeline stage's TP rank 0 returns the group's part; every other rank returns None
+        (:func:`~megatron_pc.training.features.assemble_features` joins the parts)."""
+        from megatron.core import parallel_state as ps
+
+        features.check_supported()
+        local = features.dp_share([len(p) for p in prompts], self.dp_rank, self.dp_size)
+        multiple = self.model_cfg.tensor_parallel if self.sequence_parallel else 1
+        batches = features.prompt_batches([prompts[i] for i in local], self.micro_batch_tokens, multiple)
+        with features.hidden_states_out(self.module):
+            outputs = self._schedule(features.feature_step(self.sequence_parallel), batches, forward_only=True) if batches else []
+        if not ps.is_pipeline_last_stage(ignore_virtual=True) or ps.get_tensor_model_parallel_rank() != 0:
+            return None
+        values = np.zeros((len(local), self.arch.hidden_size), dtype=np.float32)
+        for out in outputs:
+            values[out["index"]] = out["features"].numpy()
+        return PromptFeatures(index=np.asarray(local, dtype=np.int64), values=values, tokens=sum(b.tokens for b in batches),
+                              padded=sum(b.input_ids.numel() for b in batches))
 
 
 def _from_last_stage(mine: dict[int, Any]) -> dict[int, Any]:

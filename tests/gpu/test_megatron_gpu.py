@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -216,3 +217,28 @@ def test_export_to_hf_names_and_back_is_bit_exact(world: None, tmp_path: Path, m
     assert not changed, changed
     record_figure(hf_tensors=len(expected), megatron_params=len(first), dtype=str(dtype).removeprefix("torch."),
                   exported_wider=len(widened), bytes=sum(t.numel() * t.element_size() for t in expected.values()))
+
+
+def test_bf16_prompt_features_match_transformers_last_hidden_state(world: None, hf_dirs: dict[str, Path],
+                                                                    record_figure: Callable[..., None]) -> None:
+    """The screen's features (megatron_pc.training.features) under the GPU's spec (TE's final
+    norm when installed) and bf16: transformers' hidden_states[-1] at each prompt's last token."""
+    import transformers
+
+    from megatron_pc.training.worker import ReferenceWorker
+
+    prompts = [s.tokens[: s.prompt_len] for s in _sequences()]
+    worker = ReferenceWorker(_model_cfg(hf_dirs["qwen2"]), micro_batch_tokens=32)  # several batches, padded
+    worker.load_hf()
+    part = worker.prompt_features(prompts)
+    ours = torch.from_numpy(part.values[np.argsort(part.index)])
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dirs["qwen2"], dtype=torch.bfloat16,
+                                                              attn_implementation="eager").to(platform.device())
+    with torch.no_grad():
+        ref = torch.stack([model(torch.tensor([p], device=platform.device()), output_hidden_states=True)
+                           .hidden_states[-1][0, -1].float().cpu() for p in prompts])  # fmt: skip
+    assert ours.dtype == torch.float32 and ours.shape == ref.shape
+    cosine = torch.nn.functional.cosine_similarity(ours, ref, dim=-1)
+    record_figure(min_cosine=cosine.min().item(), max_abs_diff=(ours - ref).abs().max().item())
+    # bf16 rounding leaves the vectors nearly parallel; a wrong row or a missing norm does not.
+    assert cosine.min().item() >= 0.99, cosine.tolist()

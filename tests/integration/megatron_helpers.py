@@ -150,3 +150,14 @@ def job_train_shares(path: Path, tp: int, seqs: list[Sequence], n_steps: int) ->
         seq.old_logprobs = lp
     losses = [worker.train_local(mine, plan.denominators[0])["loss"] for _ in range(n_steps)]
     return {"losses": losses, "before": before, "after": worker.compute_logprobs(seqs), "rows": len(mine)}
+
+
+def job_prompt_features(path: Path, tp: int, pp: int, prompts: list[list[int]], sequence_parallel: bool = False) -> Any:
+    """Every rank's PromptFeatures (or None) for ``prompts``, from HF weights, micro-batches of
+    at most 24 tokens (several, padded)."""
+    from megatron_pc.training.worker import ReferenceWorker
+
+    _init(tp, pp)
+    worker = ReferenceWorker(model_cfg(path, tp, pp), micro_batch_tokens=24, sequence_parallel=sequence_parallel)
+    worker.load_hf()
+    return worker.prompt_features(prompts)
