@@ -27,7 +27,7 @@ import numpy as np
 
 from megatron_pc.allocation.config import HistoryConfig
 
-PREDICTION_DECIMALS = 3
+PREDICTION_DECIMALS = 2
 """Predictions are rounded so that prompts predicted alike share one prior (and its cached pmf)."""
 MIN_PRIOR = 0.02
 """Smallest Beta parameter of a predicted prior."""
@@ -64,19 +64,25 @@ class ScreenPredictor:
         return [p for p in upcoming if p not in self._features or step - self._feature_step[p] > self.max_age]
 
     def add_features(self, features: Mapping[int, Any], step: int) -> None:
-        """Cache each prompt's feature vector, computed at ``step``; predict it when a fit exists."""
-        new = sorted(features)
-        for p in new:
-            x = np.asarray(features[p], dtype=np.float64).reshape(-1)
-            if self.dim is None:
-                self.dim = x.size
-            if x.size != self.dim or not np.all(np.isfinite(x)):
-                raise ValueError(f"features of prompt {p}: {x.size} finite values expected ({self.dim}), got {x.size}"
-                                 f"{'' if np.all(np.isfinite(x)) else ' with non-finite ones'}")  # fmt: skip
-            self._features[int(p)] = x
-            self._feature_step[int(p)] = int(step)
-        if self._w is not None and new:
-            self._predict([int(p) for p in new])
+        """Cache each prompt's feature vector, computed at ``step`` (replacing older ones)."""
+        if not features:
+            return
+        prompts = [int(p) for p in features]
+        rows = [np.asarray(features[p], dtype=np.float64).reshape(-1) for p in features]
+        sizes = {r.size for r in rows}
+        if self.dim is None and len(sizes) == 1:
+            self.dim = sizes.pop()
+            sizes = {self.dim}
+        if sizes != {self.dim}:
+            raise ValueError(f"features: every vector must have {self.dim} values, got lengths {sorted(sizes)}")
+        x = np.stack(rows)
+        if not np.isfinite(x).all():
+            bad = [p for p, r in zip(prompts, rows) if not np.isfinite(r).all()]
+            raise ValueError(f"features of prompts {bad[:5]} hold non-finite values")
+        for i, p in enumerate(prompts):
+            self._features[p] = x[i]
+            self._feature_step[p] = int(step)
+            self._pred.pop(p, None)
 
     def has_features(self, prompt: int) -> bool:
         """Whether ``prompt``'s features are cached."""
@@ -93,7 +99,17 @@ class ScreenPredictor:
         """The predicted success rate of ``prompt`` (None: no features, or too little fitted yet)."""
         if self._fit_step != step:
             self.fit(step)
-        return self._pred.get(prompt)
+        if self._w is None:
+            return None
+        m = self._pred.get(prompt)
+        if m is None:
+            x = self._features.get(prompt)
+            if x is None:
+                return None
+            # One dot product per prompt, always the same one: a resumed run recomputes it bit for bit.
+            m = round(min(max(float(x @ self._w[:-1]) + float(self._w[-1]), 0.001), 0.999), PREDICTION_DECIMALS)
+            self._pred[prompt] = m
+        return m
 
     def prior(self, prompt: int, step: int) -> tuple[float, float] | None:
         """The prompt's predicted prior Beta(a, b), or None (the population prior then applies)."""
@@ -113,7 +129,8 @@ class ScreenPredictor:
         return self._weight
 
     def fit(self, step: int) -> None:
-        """Solve the ridge regression on every outcome seen so far, faded to ``step``; predict every cached prompt."""
+        """Solve the ridge regression on every outcome seen so far, faded to ``step`` (prompts are
+        predicted when first asked for)."""
         self._fade_to(step)
         self._fit_step = step
         self._pred = {}
@@ -130,17 +147,8 @@ class ScreenPredictor:
         elif n < max(self.min_fit, 1.0):
             self._strength = 1.0  # too few honest errors yet: a weak prior
         else:  # predictions closer than binomial noise can tell: as strong as allowed
-            self._strength = round(min(max(v / r - 1.0, 0.1), 1000.0), 2) if r > 0 else 1000.0
-        self._predict(sorted(self._features))
-
-    def _predict(self, prompts: list[int]) -> None:
-        assert self._w is not None
-        if not prompts:
-            return
-        x = np.stack([self._features[p] for p in prompts])
-        m = np.clip(x @ self._w[:-1] + self._w[-1], 0.001, 0.999)
-        for p, value in zip(prompts, np.round(m, PREDICTION_DECIMALS).tolist()):
-            self._pred[p] = value
+            # Two significant digits: prompts predicted alike then share one prior (and its cached pmf).
+            self._strength = float(f"{min(max(v / r - 1.0, 0.1), 1000.0):.2g}") if r > 0 else 1000.0
 
     # ---- outcomes ---------------------------------------------------------------------
     def observe(self, prompt: int, successes: int, n: int, predicted: float | None) -> None:
@@ -191,7 +199,6 @@ class ScreenPredictor:
             "prompts": prompts,
             "feature_steps": [self._feature_step[p] for p in prompts],
             "features": _pack(np.stack([self._features[p] for p in prompts])) if prompts else None,
-            "predictions": [[p, v] for p, v in sorted(self._pred.items())],
             "xtx": _pack(self._xtx),
             "xty": _pack(self._xty),
             "weight": self._weight,
@@ -209,7 +216,7 @@ class ScreenPredictor:
         features = _unpack(state["features"])
         self._features = {p: features[i].copy() for i, p in enumerate(prompts)} if features is not None else {}
         self._feature_step = {p: int(s) for p, s in zip(prompts, state["feature_steps"])}
-        self._pred = {int(p): float(v) for p, v in state["predictions"]}
+        self._pred = {}  # recomputed when asked for, bit for bit
         self._xtx, self._xty, self._w = _unpack(state["xtx"]), _unpack(state["xty"]), _unpack(state["w"])
         self._weight = float(state["weight"])
         self._resid = [float(v) for v in state["resid"]]
