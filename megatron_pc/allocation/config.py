@@ -104,10 +104,13 @@ class HistoryConfig:
     """Where the predictor's features come from: ``ngrams``, hashed character n-grams of the prompt
     text (no model needed); ``policy``, the policy's final hidden state at the prompt's last token
     (a prefill-only forward on the policy ranks, registered by the driver's feature sources)."""
-    ngram_dim: int = 256
+    ngram_dim: int = 512
     """Hashed n-gram features per prompt (``features: ngrams``)."""
     ngram_max: int = 3
     """Character n-grams of length 1 to ``ngram_max`` (``features: ngrams``)."""
+    max_features: int = 512
+    """Features wider than this (a policy's hidden state) are mapped to this many by a fixed random
+    projection, so the per-step ridge solve stays small."""
     ridge_lambda: float = 1.0
     """The ridge penalty on the feature weights (not on the intercept)."""
     recency_half_life: float = 20.0
@@ -115,6 +118,10 @@ class HistoryConfig:
     prior_strength: float | None = None
     """a + b of a predicted prior Beta(m a+b, (1 - m) a+b). None: estimated every step from the
     predictor's out-of-sample errors on pilots (how far the true rates lie from the predictions)."""
+    calibration_bins: int = 10
+    """Cut the predictions into this many equal bins on [0, 1] and give a prompt the prior fitted to
+    the outcomes of the prompts predicted in its bin (docs/screen.md). 0: ``Beta(m s, (1 - m) s)``
+    around the prediction m."""
     min_fit: float = 32.0
     """(Faded) outcomes the predictor needs before its predictions replace the population prior."""
     lookahead: int | None = None
@@ -143,12 +150,15 @@ class HistoryConfig:
             raise ConfigError("min_evidence", f"must be >= 0, got {self.min_evidence}")
         _positive("ngram_dim", self.ngram_dim)
         _positive("ngram_max", self.ngram_max)
+        _positive("max_features", self.max_features)
         if self.ridge_lambda <= 0:
             raise ConfigError("ridge_lambda", f"must be > 0, got {self.ridge_lambda}")
         if self.recency_half_life <= 0:
             raise ConfigError("recency_half_life", f"must be > 0 steps, got {self.recency_half_life}")
         if self.prior_strength is not None and self.prior_strength <= 0:
             raise ConfigError("prior_strength", f"must be > 0 (or null: estimated), got {self.prior_strength}")
+        if self.calibration_bins < 0:
+            raise ConfigError("calibration_bins", f"must be >= 0 (0: no bins), got {self.calibration_bins}")
         if self.min_fit < 0:
             raise ConfigError("min_fit", f"must be >= 0, got {self.min_fit}")
         if self.lookahead is not None:

@@ -13,6 +13,15 @@ predicted m before it was seen, ``x (x - 1) / (n (n - 1)) - 2 m x / n + m^2`` is
 estimate of ``(p - m)^2``, and a Beta with mean m has variance ``m (1 - m) / (s + 1)``. Features
 that predict nothing give the population's spread, so the prior falls back to the population's.
 
+With ``calibration_bins`` (the default), the prior is calibrated by the prediction's bin instead:
+the predictions are cut into equal bins on [0, 1], and each bin keeps the same faded moments of
+the outcomes of the prompts predicted in it (before they were seen), so a bin's prior is the
+Beta fitted to what prompts predicted alike turned out to be, as the population prior is fitted
+to the whole pool. A linear fit ranks prompts well but squeezes a U-shaped pool toward the middle;
+the bins undo that, and give a sure prior where the predictions are sure (a bin of prompts that
+were all never solved) and a wide one where they are not. A bin with too few outcomes falls back
+to ``Beta(m s, (1 - m) s)``.
+
 Pure numpy, deterministic; the whole state (features waiting to be used, the statistics, the
 weights, the predictions made) goes into the strategy's checkpoint state.
 """
@@ -31,6 +40,9 @@ PREDICTION_DECIMALS = 2
 """Predictions are rounded so that prompts predicted alike share one prior (and its cached pmf)."""
 MIN_PRIOR = 0.02
 """Smallest Beta parameter of a predicted prior."""
+PROJECTION_SEED = 20_260_528
+BIN_MIN_WEIGHT = 8.0
+"""(Faded) outcomes a calibration bin needs before its own prior is used."""
 
 
 class ScreenPredictor:
@@ -42,6 +54,10 @@ class ScreenPredictor:
         self.min_fit = h.min_fit
         self.fixed_strength = h.prior_strength
         self.max_age = h.feature_max_age
+        self.bins = h.calibration_bins
+        self.max_features = h.max_features
+        self._projection: np.ndarray | None = None  # wider features are projected to max_features (seeded, fixed)
+        self._bin_sums = [[0.0, 0.0, 0.0] for _ in range(self.bins)]  # per bin, faded: outcomes, sum of p, sum of p^2 estimates
         self.dim: int | None = None
         self._features: dict[int, np.ndarray] = {}  # prompt -> feature vector
         self._feature_step: dict[int, int] = {}  # prompt -> the step its features were computed at
@@ -54,6 +70,7 @@ class ScreenPredictor:
         self._w: np.ndarray | None = None
         self._fit_step = -1
         self._strength = 1.0
+        self._bin_prior: list[tuple[float, float] | None] = [None] * self.bins
         self._rows: list[tuple[np.ndarray, float]] = []  # outcomes observed this round, added in one batch
 
     # ---- features ---------------------------------------------------------------------
@@ -79,10 +96,22 @@ class ScreenPredictor:
         if not np.isfinite(x).all():
             bad = [p for p, r in zip(prompts, rows) if not np.isfinite(r).all()]
             raise ValueError(f"features of prompts {bad[:5]} hold non-finite values")
+        if self.dim > self.max_features:
+            x = x @ self.projection()
+        x = x.astype(np.float32)  # kept in float32 (half the checkpoint); computed with in float64
         for i, p in enumerate(prompts):
             self._features[p] = x[i]
             self._feature_step[p] = int(step)
             self._pred.pop(p, None)
+
+    def projection(self) -> np.ndarray:
+        """The fixed random projection of features wider than ``max_features`` (a Johnson-Lindenstrauss
+        map: dot products are kept on average, the ridge solve stays small)."""
+        if self._projection is None:
+            assert self.dim is not None
+            rng = np.random.default_rng(PROJECTION_SEED)
+            self._projection = rng.standard_normal((self.dim, self.max_features)) / math.sqrt(self.max_features)
+        return self._projection
 
     def has_features(self, prompt: int) -> bool:
         """Whether ``prompt``'s features are cached."""
@@ -107,7 +136,7 @@ class ScreenPredictor:
             if x is None:
                 return None
             # One dot product per prompt, always the same one: a resumed run recomputes it bit for bit.
-            m = round(min(max(float(x @ self._w[:-1]) + float(self._w[-1]), 0.001), 0.999), PREDICTION_DECIMALS)
+            m = round(min(max(float(x.astype(np.float64) @ self._w[:-1]) + float(self._w[-1]), 0.001), 0.999), PREDICTION_DECIMALS)
             self._pred[prompt] = m
         return m
 
@@ -116,7 +145,24 @@ class ScreenPredictor:
         m = self.prediction(prompt, step)
         if m is None:
             return None
+        if self.bins:
+            prior = self._bin_prior[min(int(m * self.bins), self.bins - 1)]
+            if prior is not None:
+                return prior
         return max(m * self._strength, MIN_PRIOR), max((1.0 - m) * self._strength, MIN_PRIOR)
+
+    def _fit_bins(self) -> None:
+        """Each bin's prior: the Beta fitted by moments to the outcomes of the prompts predicted in it."""
+        self._bin_prior = []
+        for weight, s1, s2 in self._bin_sums:
+            if weight < BIN_MIN_WEIGHT:
+                self._bin_prior.append(None)
+                continue
+            mean = min(max(s1 / weight, 1e-3), 1.0 - 1e-3)
+            var = s2 / weight - mean * mean
+            strength = float(f"{min(max(mean * (1.0 - mean) / var - 1.0, 0.1), 1000.0):.2g}") if var > 0 else 1000.0
+            mean = round(mean, PREDICTION_DECIMALS + 1)
+            self._bin_prior.append((max(mean * strength, MIN_PRIOR), max((1.0 - mean) * strength, MIN_PRIOR)))
 
     @property
     def strength(self) -> float:
@@ -134,6 +180,7 @@ class ScreenPredictor:
         self._fade_to(step)
         self._fit_step = step
         self._pred = {}
+        self._fit_bins()
         if self._xtx is None or self._xty is None or self._weight < max(self.min_fit, 1e-9):
             self._w = None
             return
@@ -159,6 +206,11 @@ class ScreenPredictor:
             self._rows.append((x, successes / n))
         if predicted is not None and n >= 2:
             m = predicted
+            if self.bins:
+                sums = self._bin_sums[min(int(m * self.bins), self.bins - 1)]
+                sums[0] += 1.0
+                sums[1] += successes / n
+                sums[2] += successes * (successes - 1) / (n * (n - 1))
             self._resid[0] += 1.0
             self._resid[1] += successes * (successes - 1) / (n * (n - 1)) - 2.0 * m * successes / n + m * m
             self._resid[2] += m * (1.0 - m)
@@ -168,7 +220,7 @@ class ScreenPredictor:
         self._fade_to(step)
         if not self._rows:
             return
-        x = np.stack([np.append(row[0], 1.0) for row in self._rows])
+        x = np.stack([np.append(row[0].astype(np.float64), 1.0) for row in self._rows])
         y = np.array([row[1] for row in self._rows])
         if self._xtx is None or self._xty is None:
             self._xtx, self._xty = np.zeros((x.shape[1], x.shape[1])), np.zeros(x.shape[1])
@@ -186,6 +238,7 @@ class ScreenPredictor:
             self._xty *= fade
         self._weight *= fade
         self._resid = [v * fade for v in self._resid]
+        self._bin_sums = [[v * fade for v in sums] for sums in self._bin_sums]
         self._stats_step = step
 
     # ---- state ------------------------------------------------------------------------
@@ -198,7 +251,7 @@ class ScreenPredictor:
             "dim": self.dim,
             "prompts": prompts,
             "feature_steps": [self._feature_step[p] for p in prompts],
-            "features": _pack(np.stack([self._features[p] for p in prompts])) if prompts else None,
+            "features": _pack(np.stack([self._features[p] for p in prompts]), "<f4") if prompts else None,
             "xtx": _pack(self._xtx),
             "xty": _pack(self._xty),
             "weight": self._weight,
@@ -207,6 +260,8 @@ class ScreenPredictor:
             "w": _pack(self._w),
             "fit_step": self._fit_step,
             "strength": self._strength,
+            "bin_sums": self._bin_sums,
+            "bin_prior": [list(p) if p is not None else None for p in self._bin_prior],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -223,20 +278,23 @@ class ScreenPredictor:
         self._stats_step = int(state["stats_step"])
         self._fit_step = int(state["fit_step"])
         self._strength = float(state["strength"])
+        self._bin_sums = [[float(v) for v in sums] for sums in state["bin_sums"]]
+        self._bin_prior = [tuple(float(v) for v in p) if p is not None else None for p in state["bin_prior"]]  # type: ignore[misc]
         self._rows = []
 
 
-def _pack(array: np.ndarray | None) -> dict[str, Any] | None:
+def _pack(array: np.ndarray | None, dtype: str = "<f8") -> dict[str, Any] | None:
     if array is None:
         return None
-    a = np.ascontiguousarray(array, dtype="<f8")
-    return {"shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode("ascii")}
+    a = np.ascontiguousarray(array, dtype=dtype)
+    return {"shape": list(a.shape), "dtype": dtype, "data": base64.b64encode(a.tobytes()).decode("ascii")}
 
 
 def _unpack(obj: dict[str, Any] | None) -> np.ndarray | None:
     if obj is None:
         return None
-    return np.frombuffer(base64.b64decode(obj["data"]), dtype="<f8").reshape(obj["shape"]).astype(np.float64)
+    dtype = obj.get("dtype", "<f8")
+    return np.frombuffer(base64.b64decode(obj["data"]), dtype=dtype).reshape(obj["shape"]).astype(np.float32 if dtype == "<f4" else np.float64)
 
 
 # ---- calibration ------------------------------------------------------------------------

@@ -335,3 +335,17 @@ def test_resuming_mid_epoch_with_the_screen_gives_the_identical_future(setup, mo
     assert [r.metrics for r in future_a] == [r.metrics for r in future_b]
     assert trace_a.events[mark:] == trace_b.events
     assert json.dumps(a.state_dict()) == json.dumps(b.state_dict())
+
+
+def test_wide_features_are_projected_and_still_predict() -> None:
+    rng = np.random.default_rng(4)
+    # A hidden state wider than max_features, of a modest effective rank as hidden states are.
+    z = rng.normal(0.0, 1.0, (1500, 24))
+    x = z @ rng.normal(0.0, 1.0, (24, 2000)) + 0.1 * rng.normal(0.0, 1.0, (1500, 2000))
+    p = np.clip(0.5 + 0.3 * np.tanh(z[:, :4].sum(axis=1) / 2.0), 0.0, 1.0)
+    pred = ScreenPredictor(HistoryConfig(preset="screen", max_features=256, recency_half_life=1e9))
+    _feed(pred, x[:1200], p[:1200], 1, rng)
+    assert next(iter(pred._features.values())).shape == (256,)
+    pred.add_features({5000 + i: x[1200 + i] for i in range(300)}, 2)
+    got = np.array([pred.prediction(5000 + i, 2) for i in range(300)])
+    assert np.corrcoef(got, p[1200:])[0, 1] > 0.8
