@@ -107,6 +107,11 @@ def replay(events: list[dict[str, Any]], source: FeatureSource | None, cfg: Allo
         "auc_population": auc([r[1] for r in scored], keep),
         "keep_rate": float(np.mean(keep)) if keep else None,
     }
+    # What the screen would have done with these predictions: skip pilots whose keep chance is at
+    # most 1 - confidence (exploration aside), and how many of those would have been kept.
+    screened = [r for r in scored if r[0] <= 1.0 - cfg.history.confidence]
+    out["screen_share"] = len(screened) / len(scored) if scored else None
+    out["screened_keep_rate"] = float(np.mean([r[2] for r in screened])) if screened else None
     if predictor is not None:
         out["auc_too_hard"] = auc([-r[4] for r in scored], hard)  # a lower predicted rate should mean too hard
         out["strength"] = predictor.strength
@@ -147,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = replay(events, FEATURE_SETS[name](train, alloc.history), alloc)
     steps = max((e.get("step", 0) for e in events), default=0)
     print(f"{run_dir}: {steps} steps, {results['population prior']['pilots']:,} pilots, keep rate {results['population prior']['keep_rate']:.3f}")
-    print("| features | pilots scored | Brier (keep) | AUC (keep) | population Brier | population AUC | AUC (too hard) | prior a+b |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| features | pilots scored | Brier (keep) | AUC (keep) | population Brier | population AUC | AUC (too hard) | "
+          "would screen | kept among those | prior a+b |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         cells = [name, f"{r['scored']:,}"] + [f"{r[k]:.4f}" if isinstance(r.get(k), float) else "-" for k in
-                                              ("brier", "auc", "brier_population", "auc_population", "auc_too_hard", "strength")]  # fmt: skip
+                                              ("brier", "auc", "brier_population", "auc_population", "auc_too_hard",
+                                               "screen_share", "screened_keep_rate", "strength")]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2))
