@@ -41,7 +41,7 @@ PREDICTION_DECIMALS = 2
 MIN_PRIOR = 0.02
 """Smallest Beta parameter of a predicted prior."""
 PROJECTION_SEED = 20_260_528
-BIN_MIN_WEIGHT = 8.0
+BIN_MIN_WEIGHT = 16.0
 """(Faded) outcomes a calibration bin needs before its own prior is used."""
 
 
@@ -158,9 +158,13 @@ class ScreenPredictor:
             if weight < BIN_MIN_WEIGHT:
                 self._bin_prior.append(None)
                 continue
-            mean = min(max(s1 / weight, 1e-3), 1.0 - 1e-3)
-            var = s2 / weight - mean * mean
-            strength = float(f"{min(max(mean * (1.0 - mean) / var - 1.0, 0.1), 1000.0):.2g}") if var > 0 else 1000.0
+            raw = s1 / weight
+            var = s2 / weight - raw * raw
+            mean = (s1 + 0.5) / (weight + 1.0)  # a bin whose prompts all failed still leaves a little room
+            # A bin's prior is no surer than the outcomes behind it: a + b <= the bin's (faded) outcomes.
+            most = max(min(weight, 1000.0), 0.1)
+            strength = min(max(mean * (1.0 - mean) / var - 1.0, 0.1), most) if var > 0 else most
+            strength = float(f"{strength:.2g}")  # two significant digits: few distinct priors, cached pmfs
             mean = round(mean, PREDICTION_DECIMALS + 1)
             self._bin_prior.append((max(mean * strength, MIN_PRIOR), max((1.0 - mean) * strength, MIN_PRIOR)))
 
