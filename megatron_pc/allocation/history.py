@@ -42,6 +42,12 @@ def beta_binomial_pmf(n: int, a: float, b: float) -> tuple[float, ...]:
     return tuple(t / total for t in terms)
 
 
+@lru_cache(maxsize=8192)
+def _band_mass(n: int, a: float, b: float, p_lower: float, p_upper: float) -> float:
+    """P(p_lower <= k / n <= p_upper) for k ~ BetaBinomial(n, a, b) (cached: many prompts share a prior)."""
+    return sum(q for k, q in enumerate(beta_binomial_pmf(n, a, b)) if p_lower <= k / n <= p_upper)
+
+
 def beta_sf(x: float, a: float, b: float) -> float:
     """P(p > x) for p ~ Beta(a, b): the regularized incomplete beta function, by continued fraction."""
     if x <= 0.0:
@@ -91,7 +97,7 @@ class Posterior:
 
     def p_keep(self, n: int, p_lower: float, p_upper: float) -> float:
         """Chance that a pilot of ``n`` rollouts lands in the keep band."""
-        return sum(q for k, q in enumerate(self.predictive(n)) if p_lower <= k / n <= p_upper)
+        return _band_mass(n, round(self.a, 6), round(self.b, 6), p_lower, p_upper)
 
     def p_informative(self, n: int) -> float:
         """Chance that ``n`` rollouts do not all score alike."""
