@@ -31,7 +31,7 @@ import numpy as np
 from megatron_pc.allocation.config import AllocationConfig, HistoryConfig
 from megatron_pc.allocation.features import FeatureSource, NgramFeatures, prompt_text
 from megatron_pc.allocation.history import PromptHistory
-from megatron_pc.allocation.predictor import ScreenPredictor, auc, brier
+from megatron_pc.allocation.predictor import ScreenPredictor, apart, auc, brier
 from megatron_pc.config import from_dict, load_config, to_dict
 from megatron_pc.data.loading import load_prompts
 
@@ -63,7 +63,7 @@ def replay(events: list[dict[str, Any]], source: FeatureSource | None, cfg: Allo
     h = cfg.history
     predictor = ScreenPredictor(h) if source is not None else None
     history = PromptHistory(h.half_life)
-    rows: list[tuple[float, float, bool, bool, float | None]] = []  # (p_keep, population p_keep, kept, too hard, predicted p)
+    rows: list[tuple[float, float, bool, bool, float | None, bool]] = []  # (p_keep, population p_keep, kept, too hard, predicted p, apart)
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for e in events:
         if e["event"] in ("pilot", "direct", "commit") and "successes" in e:
@@ -86,10 +86,12 @@ def replay(events: list[dict[str, Any]], source: FeatureSource | None, cfg: Allo
                 predicted = predictor.prediction(prompt, step) if predictor is not None else None
                 prior = (predictor.prior(prompt, step) if predicted is not None else None) or population
                 if e["event"] == "pilot":
-                    p_keep = history.posterior(prompt, step, prior).p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
-                    pop_keep = history.posterior(prompt, step, population).p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
+                    post, pop_post = history.posterior(prompt, step, prior), history.posterior(prompt, step, population)
+                    p_keep = post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
+                    pop_keep = pop_post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
                     p_hat = successes / n
-                    rows.append((p_keep, pop_keep, cfg.p_lower <= p_hat <= cfg.p_upper, p_hat < cfg.p_lower, predicted))
+                    rows.append((p_keep, pop_keep, cfg.p_lower <= p_hat <= cfg.p_upper, p_hat < cfg.p_lower, predicted,
+                                 apart(post.mean, pop_post.mean, h.screen_relative)))  # fmt: skip
             history.observe(prompt, successes, n, step)
             if predictor is not None:
                 predictor.observe(prompt, successes, n, predicted)
@@ -108,8 +110,9 @@ def replay(events: list[dict[str, Any]], source: FeatureSource | None, cfg: Allo
         "keep_rate": float(np.mean(keep)) if keep else None,
     }
     # What the screen would have done with these predictions: skip pilots whose keep chance is at
-    # most 1 - confidence (exploration aside), and how many of those would have been kept.
-    screened = [r for r in scored if r[0] <= 1.0 - cfg.history.confidence]
+    # most 1 - confidence, when the prediction sets the prompt apart from the pool (exploration aside),
+    # and how many of those would have been kept. The population row: the threshold alone.
+    screened = [r for r in scored if r[0] <= 1.0 - cfg.history.confidence and (predictor is None or r[5])]
     out["screen_share"] = len(screened) / len(scored) if scored else None
     out["screened_keep_rate"] = float(np.mean([r[2] for r in screened])) if screened else None
     if predictor is not None:

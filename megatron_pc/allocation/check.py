@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from megatron_pc.allocation import STRATEGIES
 from megatron_pc.allocation.config import AllocationConfig
+from megatron_pc.allocation.predictor import apart
 
 
 def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list[str]:
@@ -116,12 +117,12 @@ def _check_screen(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
     h = cfg.history
     if not h.screen:
         return [f"step {e['step']}: prompt {e['prompt']} was screened, but allocation.history.screen is off"]
-    # With the predictor, a predicted prior stands for evidence (docs/screen.md).
-    predicted = h.predictor and e.get("predicted_p") is not None
+    # With the predictor, a prediction that sets the prompt apart from the pool stands for evidence (docs/screen.md).
+    predicted = h.predictor and e.get("predicted_p") is not None and e.get("population_mean") is not None and apart(e["mean"], e["population_mean"], h.screen_relative)
     if e["p_keep"] > 1.0 - h.confidence or (e["evidence"] < h.min_evidence and not predicted):
         return [f"step {e['step']}: prompt {e['prompt']} screened with p_keep {e['p_keep']} and evidence {e['evidence']} "
                 f"(needs p_keep <= {1.0 - h.confidence:.3f} and evidence >= {h.min_evidence}"
-                f"{' or a predicted prior' if h.predictor else ''})"]  # fmt: skip
+                f"{f' or a prediction whose failure or success rate is <= {h.screen_relative} x the population mean' if h.predictor else ''})"]  # fmt: skip
     return []
 
 

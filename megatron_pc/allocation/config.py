@@ -100,6 +100,10 @@ class HistoryConfig:
     """Predict every prompt's success rate from its features (an online ridge regression, refit
     each step on every observed outcome) and use the prediction as the prompt's prior in place of
     the population prior (docs/screen.md)."""
+    screen_relative: float = 0.5
+    """A prompt with no history of its own is screened by its prediction only when the prediction sets
+    it apart from the pool: its predicted failure rate (or success rate) is at most this share of the
+    population's. On a pool where every pilot is a long shot, screening all would starve the batch."""
     features: Literal["ngrams", "policy"] = "ngrams"
     """Where the predictor's features come from: ``ngrams``, hashed character n-grams of the prompt
     text (no model needed); ``policy``, the policy's final hidden state at the prompt's last token
@@ -139,7 +143,7 @@ class HistoryConfig:
         _positive("pilot_floor", self.pilot_floor)
         if self.max_new_factor < 1.0:
             raise ConfigError("max_new_factor", f"must be >= 1, got {self.max_new_factor}")
-        for name in ("explore", "evict_level", "confidence"):
+        for name in ("explore", "evict_level", "confidence", "screen_relative"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(name, f"must lie in [0, 1], got {getattr(self, name)}")
         if self.confidence <= 0.5:

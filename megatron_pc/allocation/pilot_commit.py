@@ -27,7 +27,7 @@ from megatron_pc.allocation.base import AllocationStrategy
 from megatron_pc.allocation.buffer import BufferEntry, ReplayBuffer, select_kept_pilots
 from megatron_pc.allocation.config import AllocationConfig
 from megatron_pc.allocation.history import Posterior, PromptHistory
-from megatron_pc.allocation.predictor import ScreenPredictor, auc, brier
+from megatron_pc.allocation.predictor import ScreenPredictor, apart, auc, brier
 from megatron_pc.allocation.types import Request, Rollout, RoundPlan, TrainGroup
 
 
@@ -142,12 +142,17 @@ class PilotCommit(AllocationStrategy):
                     self.acct.add("prompts_featureless")
             post = history.posterior(prompt, self.step, own_prior)
             p_keep = post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
+            pop_post = post if own_prior is prior else history.posterior(prompt, self.step, prior)
+            pop_keep = pop_post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper) if pop_post is not post else p_keep
             explored = False
-            # A predicted prior stands for evidence: a prompt never seen may be screened by its prediction.
-            if h.screen and (post.evidence >= h.min_evidence or predicted is not None) and p_keep <= 1.0 - h.confidence:
+            # A calibrated prediction stands for evidence: a prompt never seen may be screened by it, when
+            # it sets the prompt apart from the pool (on a pool where every pilot is a long shot, screening
+            # them all would leave nothing to train on).
+            by_prediction = predicted is not None and apart(post.mean, pop_post.mean, h.screen_relative) and predictor.calibrated(prompt, self.step)
+            if h.screen and (post.evidence >= h.min_evidence or by_prediction) and p_keep <= 1.0 - h.confidence:
                 explored = self._rng.random() < h.explore
                 if not explored:
-                    self._screen(prompt, post, p_keep, predicted)
+                    self._screen(prompt, post, p_keep, predicted, pop_post.mean)
                     continue
             p_direct = post.p_informative(cfg.n)
             if h.direct_commit and p_direct / cfg.n > p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts):
@@ -162,8 +167,7 @@ class PilotCommit(AllocationStrategy):
                 new.append(Request(prompt, cfg.pilot.n, "pilot"))
             self._planned[prompt] = {"p_keep": p_keep, "p_informative": round(p_direct, 4), "explore": explored}
             if predictor is not None:
-                population = post if own_prior is prior else history.posterior(prompt, self.step, prior)
-                self._planned[prompt].update(predicted_p=predicted, p_keep_population=population.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper))
+                self._planned[prompt].update(predicted_p=predicted, p_keep_population=pop_keep)
         n_commits = wanted
         while True:  # every round's rollouts divide evenly over the generation engines
             rollouts = sum(r.n for r in new)
@@ -178,7 +182,7 @@ class PilotCommit(AllocationStrategy):
         self.acct.add("buffer_pops", len(self._committing))
         return new + [Request(e.prompt, cfg.commit_rollouts, "commit") for e in self._committing]
 
-    def _screen(self, prompt: int, post: Posterior, p_keep: float, predicted: float | None = None) -> None:
+    def _screen(self, prompt: int, post: Posterior, p_keep: float, predicted: float | None = None, pop_mean: float | None = None) -> None:
         """Not piloted this epoch: the posterior says its pilot would land outside the band."""
         n = self.cfg.pilot.n
         pmf = post.predictive(n)
@@ -191,7 +195,8 @@ class PilotCommit(AllocationStrategy):
         self.trace.emit(
             {"event": "screen", "step": self.step, "round": self.round, "prompt": prompt, "p_keep": p_keep,
              "mean": round(post.mean, 4), "evidence": round(post.evidence, 3), "outcome": "too_hard" if too_hard else "too_easy",
-             **({"predicted_p": predicted} if self.predictor is not None else {})}  # fmt: skip
+             **({"predicted_p": predicted, "population_mean": round(pop_mean, 4) if pop_mean is not None else None}
+                if self.predictor is not None else {})}  # fmt: skip
         )
 
     # ---- observing ---------------------------------------------------------------------

@@ -136,7 +136,7 @@ class ScreenPredictor:
             if x is None:
                 return None
             # One dot product per prompt, always the same one: a resumed run recomputes it bit for bit.
-            m = round(min(max(float(x.astype(np.float64) @ self._w[:-1]) + float(self._w[-1]), 0.001), 0.999), PREDICTION_DECIMALS)
+            m = min(max(round(float(x.astype(np.float64) @ self._w[:-1]) + float(self._w[-1]), PREDICTION_DECIMALS), 0.005), 0.995)
             self._pred[prompt] = m
         return m
 
@@ -150,6 +150,12 @@ class ScreenPredictor:
             if prior is not None:
                 return prior
         return max(m * self._strength, MIN_PRIOR), max((1.0 - m) * self._strength, MIN_PRIOR)
+
+    def calibrated(self, prompt: int, step: int) -> bool:
+        """Whether the prompt's prior is its bin's measured one (or bins are off): only then may a
+        prediction stand for the prompt's own evidence when screening."""
+        m = self.prediction(prompt, step)
+        return m is not None and (not self.bins or self._bin_prior[min(int(m * self.bins), self.bins - 1)] is not None)
 
     def _fit_bins(self) -> None:
         """Each bin's prior: the Beta fitted by moments to the outcomes of the prompts predicted in it."""
@@ -199,7 +205,8 @@ class ScreenPredictor:
             self._strength = 1.0  # too few honest errors yet: a weak prior
         else:  # predictions closer than binomial noise can tell: as strong as allowed
             # Two significant digits: prompts predicted alike then share one prior (and its cached pmf).
-            self._strength = float(f"{min(max(v / r - 1.0, 0.1), 1000.0):.2g}") if r > 0 else 1000.0
+            # No surer than the (faded) outcomes behind the estimate.
+            self._strength = float(f"{min(max(v / r - 1.0, 0.1), n, 1000.0):.2g}") if r > 0 else float(f"{min(n, 1000.0):.2g}")
 
     # ---- outcomes ---------------------------------------------------------------------
     def observe(self, prompt: int, successes: int, n: int, predicted: float | None) -> None:
@@ -299,6 +306,13 @@ def _unpack(obj: dict[str, Any] | None) -> np.ndarray | None:
         return None
     dtype = obj.get("dtype", "<f8")
     return np.frombuffer(base64.b64decode(obj["data"]), dtype=dtype).reshape(obj["shape"]).astype(np.float32 if dtype == "<f4" else np.float64)
+
+
+def apart(mean: float, population_mean: float, share: float) -> bool:
+    """Whether a predicted success rate sets a prompt apart from the pool: its failure or success
+    rate is at most ``share`` of the population's (means rounded as the trace records them)."""
+    mean, population_mean = round(mean, 4), round(population_mean, 4)
+    return mean <= share * population_mean or 1.0 - mean <= share * (1.0 - population_mean)
 
 
 # ---- calibration ------------------------------------------------------------------------

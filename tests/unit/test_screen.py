@@ -173,7 +173,7 @@ def test_the_screen_preset_turns_the_history_options_and_the_predictor_on() -> N
     assert not HistoryConfig(preset="history_aware").predictor and not HistoryConfig().predictor
 
 
-@pytest.mark.parametrize("field,value", [("ridge_lambda", 0.0), ("recency_half_life", -1.0), ("prior_strength", 0.0),
+@pytest.mark.parametrize("field,value", [("screen_relative", 1.5), ("ridge_lambda", 0.0), ("recency_half_life", -1.0), ("prior_strength", 0.0),
                                          ("min_fit", -1.0), ("lookahead", 0), ("ngram_dim", 0), ("feature_max_age", -1)])  # fmt: skip
 def test_bad_screen_settings_are_refused_by_name(field: str, value: float) -> None:
     with pytest.raises(ConfigError, match=field):
@@ -206,6 +206,7 @@ def test_screening_by_prediction_spares_pilots_of_prompts_never_seen() -> None:
     assert strategy.pool.epoch == 0
     screened = [e for e in trace.events if e["event"] == "screen"]
     assert len(screened) > 100 and all(e["evidence"] == 0 and e["predicted_p"] is not None for e in screened)
+    assert all(min(e["mean"] / e["population_mean"], (1 - e["mean"]) / (1 - e["population_mean"])) <= cfg.history.screen_relative for e in screened)
     assert sum(rates[e["prompt"]] != 0.5 for e in screened) >= 0.95 * len(screened)
     # pc_history cannot screen in a first epoch: it pilots the hopeless prompts it draws.
     history_trace = ListTrace()
@@ -244,10 +245,11 @@ def test_a_checkpoint_without_the_predictor_is_refused_when_it_is_on() -> None:
 def test_check_trace_catches_bad_screen_events() -> None:
     cfg = _cfg(preset="screen")
     base = {"event": "screen", "step": 1, "round": 1, "prompt": 3, "p_keep": 0.01, "mean": 0.01, "evidence": 0.0, "outcome": "too_hard"}
-    assert check_trace([{**base, "predicted_p": 0.01}], cfg) == []
-    assert check_trace([{**base, "predicted_p": None}], cfg)  # no evidence and no prediction
+    assert check_trace([{**base, "predicted_p": 0.01, "population_mean": 0.3}], cfg) == []
+    assert check_trace([{**base, "predicted_p": 0.01, "population_mean": 0.015}], cfg)  # not apart from the pool
+    assert check_trace([{**base, "predicted_p": None, "population_mean": 0.3}], cfg)  # no evidence and no prediction
     assert check_trace([base], cfg)  # the predictor is on: every judged prompt carries its prediction
-    assert check_trace([{**base, "predicted_p": 1.5}], cfg)
+    assert check_trace([{**base, "predicted_p": 1.5, "population_mean": 0.3}], cfg)
     assert check_trace([{**base, "evidence": 5.0, "predicted_p": 0.01}], _cfg(preset="history_aware"))  # the predictor is off
 
 
@@ -349,3 +351,16 @@ def test_wide_features_are_projected_and_still_predict() -> None:
     pred.add_features({5000 + i: x[1200 + i] for i in range(300)}, 2)
     got = np.array([pred.prediction(5000 + i, 2) for i in range(300)])
     assert np.corrcoef(got, p[1200:])[0, 1] > 0.8
+
+
+def test_a_pool_of_long_shots_is_not_screened_by_prediction_alone() -> None:
+    # Every prompt is solved 3% of the time: each pilot is a long shot, and the predictions cannot
+    # tell one prompt from another, so screening by prediction would only starve the batch.
+    rates = [0.03] * 3000
+    cfg = _cfg(preset="screen", explore=0.0)
+    trace = ListTrace()
+    strategy = build_strategy(cfg, len(rates), 2, trace=trace)
+    run_screen(strategy, BernoulliPolicy(rates, 2), RateFeatures(rates, 2, noise=0.0), 15)
+    assert check_trace(trace.events, cfg) == []
+    assert sum(e["predicted_p"] is not None for e in trace.events if e["event"] == "pilot") > 100
+    assert not [e for e in trace.events if e["event"] == "screen"]
