@@ -91,7 +91,8 @@ def replay(events: list[dict[str, Any]], source: FeatureSource | None, cfg: Allo
                     pop_keep = pop_post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
                     p_hat = successes / n
                     rows.append((p_keep, pop_keep, cfg.p_lower <= p_hat <= cfg.p_upper, p_hat < cfg.p_lower, predicted,
-                                 apart(post.mean, pop_post.mean, h.screen_relative)))  # fmt: skip
+                                 apart(post.mean, pop_post.mean, h.screen_relative)
+                                 and (predictor is None or predictor.calibrated(prompt, step))))  # fmt: skip
             history.observe(prompt, successes, n, step)
             if predictor is not None:
                 predictor.observe(prompt, successes, n, predicted)
