@@ -34,6 +34,10 @@ COUNTERS = (
     "prompts_explored",
     "prompts_direct",
     "direct_trained",
+    # the screen's predictor (allocation.history.predictor)
+    "prompts_predicted",
+    "prompts_featureless",
+    "features_received",
 )
 
 

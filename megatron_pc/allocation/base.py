@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from megatron_pc.allocation.accounting import Accounting
 from megatron_pc.allocation.config import AllocationConfig
@@ -164,6 +164,19 @@ class AllocationStrategy(ABC):
         self.step += 1
         self.round = 0
         return result
+
+    # ---- features (the screen's predictor; megatron_pc.allocation.features) --------------
+    def feature_requests(self) -> list[int]:
+        """Prompts whose features the next rounds want (ask before every ``plan_round``): the new
+        prompts the strategy may draw next, a bounded look-ahead, less those it holds already.
+        Empty unless the strategy predicts from features."""
+        return []
+
+    def observe_features(self, features: Mapping[int, Any], step: int) -> None:
+        """Take the features of the prompts :meth:`feature_requests` named, computed with the
+        policy of ``step`` (``{prompt: 1-D array}``). Features nobody asked for are refused."""
+        if features:
+            raise RuntimeError(f"{self.name} asked for no features but got {len(features)}")
 
     # ---- shared helpers --------------------------------------------------------------
     def _draw(self, k: int) -> list[int]:

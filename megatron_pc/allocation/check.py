@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from megatron_pc.allocation import STRATEGIES
 from megatron_pc.allocation.config import AllocationConfig
+from megatron_pc.allocation.predictor import apart
 
 
 def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list[str]:
@@ -26,6 +27,8 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
         kind, step = e["event"], e.get("step")
         if kind in ("pilot", "full", "direct", "screen") and e["prompt"] in evicted:
             problems.append(f"step {step}: evicted prompt {e['prompt']} was drawn again")
+        if kind in ("pilot", "direct", "screen"):
+            problems += _check_prediction(e, cfg)
         if kind == "pilot":
             generated[step]["pilot"] += e["n"]
             problems += _check_pilot(e, cfg)
@@ -35,6 +38,8 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
                 evicted.add(e["prompt"])
         elif kind == "commit":
             generated[step]["commit"] += e["n"]
+            if "successes" in e and not 0 <= e["successes"] <= e["n"]:
+                problems.append(f"step {step}: commit of prompt {e['prompt']} reports {e['successes']} successes of {e['n']}")
             if kept_pilot.pop(e["prompt"], None) != e["pilot_step"]:
                 problems.append(f"step {step}: commit of prompt {e['prompt']} has no waiting kept pilot from step {e['pilot_step']}")
             if not 0 <= step - e["pilot_step"] <= cfg.max_commit_age:
@@ -112,9 +117,28 @@ def _check_screen(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
     h = cfg.history
     if not h.screen:
         return [f"step {e['step']}: prompt {e['prompt']} was screened, but allocation.history.screen is off"]
-    if e["p_keep"] > 1.0 - h.confidence or e["evidence"] < h.min_evidence:
+    # With the predictor, a prediction that sets the prompt apart from the pool stands for evidence (docs/screen.md).
+    predicted = h.predictor and e.get("predicted_p") is not None and e.get("population_mean") is not None and apart(e["mean"], e["population_mean"], h.screen_relative)
+    if e["p_keep"] > 1.0 - h.confidence or (e["evidence"] < h.min_evidence and not predicted):
         return [f"step {e['step']}: prompt {e['prompt']} screened with p_keep {e['p_keep']} and evidence {e['evidence']} "
-                f"(needs p_keep <= {1.0 - h.confidence:.3f} and evidence >= {h.min_evidence})"]  # fmt: skip
+                f"(needs p_keep <= {1.0 - h.confidence:.3f} and evidence >= {h.min_evidence}"
+                f"{f' or a prediction whose failure or success rate is <= {h.screen_relative} x the population mean' if h.predictor else ''})"]  # fmt: skip
+    return []
+
+
+def _check_prediction(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
+    """With the predictor on, every judged prompt carries its prediction (None: no features or no
+    fit yet), a probability; with it off, none does."""
+    where = f"step {e['step']}: {e['event']} of prompt {e['prompt']}"
+    if not cfg.history.predictor:
+        return [f"{where} carries a predicted_p, but allocation.history.predictor is off"] if e.get("predicted_p") is not None else []
+    if "predicted_p" not in e:
+        return [f"{where}: the predictor is on but the event has no predicted_p"]
+    p = e["predicted_p"]
+    if p is not None and not 0.0 <= p <= 1.0:
+        return [f"{where}: predicted_p {p} is not a probability"]
+    if e["event"] == "pilot" and not 0.0 <= e.get("p_keep_population", 0.0) <= 1.0 + 1e-9:
+        return [f"{where}: p_keep_population {e['p_keep_population']} is not a probability"]
     return []
 
 

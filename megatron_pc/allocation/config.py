@@ -64,10 +64,12 @@ class BufferConfig:
 @dataclass
 class HistoryConfig:
     """History-aware Pilot-Commit (docs/history_aware.md). Every option is off by default, so the
-    paper's behaviour stays the default; ``preset: history_aware`` turns them all on."""
+    paper's behaviour stays the default; ``preset: history_aware`` turns them all on, ``preset:
+    screen`` turns them all on and the predictor too (docs/screen.md)."""
 
-    preset: Literal["off", "history_aware"] = "off"
-    """``history_aware``: every option below on (with the parameters as set)."""
+    preset: Literal["off", "history_aware", "screen"] = "off"
+    """``history_aware``: the four options below on (with the parameters as set). ``screen``: those
+    and ``predictor`` on."""
     demand_pilots: bool = False
     """Pilot only as many new prompts as the buffer is expected to need, judged from each prompt's
     predicted keep probability, instead of a fixed ``pilot.batch``."""
@@ -92,15 +94,56 @@ class HistoryConfig:
     half_life: float = 50.0
     """Steps after which an observation of a prompt counts half (the policy changes)."""
     min_evidence: float = 4.0
-    """Own (decayed) rollouts a prompt needs before it is screened or evicted by its posterior."""
+    """Own (decayed) rollouts a prompt needs before it is screened or evicted by its posterior
+    (a prompt whose prior is a prediction of the ``predictor`` may be screened without any)."""
+    predictor: bool = False
+    """Predict every prompt's success rate from its features (an online ridge regression, refit
+    each step on every observed outcome) and use the prediction as the prompt's prior in place of
+    the population prior (docs/screen.md)."""
+    screen_relative: float = 0.5
+    """A prompt with no history of its own is screened by its prediction only when the prediction sets
+    it apart from the pool: its predicted failure rate (or success rate) is at most this share of the
+    population's. On a pool where every pilot is a long shot, screening all would starve the batch."""
+    features: Literal["ngrams", "policy"] = "ngrams"
+    """Where the predictor's features come from: ``ngrams``, hashed character n-grams of the prompt
+    text (no model needed); ``policy``, the policy's final hidden state at the prompt's last token
+    (a prefill-only forward on the policy ranks, registered by the driver's feature sources)."""
+    ngram_dim: int = 512
+    """Hashed n-gram features per prompt (``features: ngrams``)."""
+    ngram_max: int = 3
+    """Character n-grams of length 1 to ``ngram_max`` (``features: ngrams``)."""
+    max_features: int = 512
+    """Features wider than this (a policy's hidden state) are mapped to this many by a fixed random
+    projection, so the per-step ridge solve stays small."""
+    ridge_lambda: float = 1.0
+    """The ridge penalty on the feature weights (not on the intercept)."""
+    recency_half_life: float = 20.0
+    """Steps after which an outcome counts half in the predictor's fit (the policy changes)."""
+    prior_strength: float | None = None
+    """a + b of a predicted prior Beta(m a+b, (1 - m) a+b). None: estimated every step from the
+    predictor's out-of-sample errors on pilots (how far the true rates lie from the predictions)."""
+    calibration_bins: int = 10
+    """Cut the predictions into this many equal bins on [0, 1] and give a prompt the prior fitted to
+    the outcomes of the prompts predicted in its bin (docs/screen.md). 0: ``Beta(m s, (1 - m) s)``
+    around the prediction m."""
+    min_fit: float = 32.0
+    """(Faded) outcomes the predictor needs before its predictions replace the population prior."""
+    lookahead: int | None = None
+    """New prompts a round may draw next whose features are asked for in advance. None: 4 x the
+    most new prompts a round may draw."""
+    feature_max_age: int | None = None
+    """Features computed more than this many steps ago are asked for again (``policy`` features
+    change with the policy). None: never."""
 
     def __post_init__(self) -> None:
-        if self.preset == "history_aware":
+        if self.preset in ("history_aware", "screen"):
             self.demand_pilots = self.screen = self.direct_commit = self.posterior_evict = True
+        if self.preset == "screen":
+            self.predictor = True
         _positive("pilot_floor", self.pilot_floor)
         if self.max_new_factor < 1.0:
             raise ConfigError("max_new_factor", f"must be >= 1, got {self.max_new_factor}")
-        for name in ("explore", "evict_level", "confidence"):
+        for name in ("explore", "evict_level", "confidence", "screen_relative"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(name, f"must lie in [0, 1], got {getattr(self, name)}")
         if self.confidence <= 0.5:
@@ -109,11 +152,28 @@ class HistoryConfig:
             raise ConfigError("half_life", f"must be > 0 steps, got {self.half_life}")
         if self.min_evidence < 0:
             raise ConfigError("min_evidence", f"must be >= 0, got {self.min_evidence}")
+        _positive("ngram_dim", self.ngram_dim)
+        _positive("ngram_max", self.ngram_max)
+        _positive("max_features", self.max_features)
+        if self.ridge_lambda <= 0:
+            raise ConfigError("ridge_lambda", f"must be > 0, got {self.ridge_lambda}")
+        if self.recency_half_life <= 0:
+            raise ConfigError("recency_half_life", f"must be > 0 steps, got {self.recency_half_life}")
+        if self.prior_strength is not None and self.prior_strength <= 0:
+            raise ConfigError("prior_strength", f"must be > 0 (or null: estimated), got {self.prior_strength}")
+        if self.calibration_bins < 0:
+            raise ConfigError("calibration_bins", f"must be >= 0 (0: no bins), got {self.calibration_bins}")
+        if self.min_fit < 0:
+            raise ConfigError("min_fit", f"must be >= 0, got {self.min_fit}")
+        if self.lookahead is not None:
+            _positive("lookahead", self.lookahead)
+        if self.feature_max_age is not None and self.feature_max_age < 0:
+            raise ConfigError("feature_max_age", f"must be >= 0 steps (or null: never), got {self.feature_max_age}")
 
     @property
     def active(self) -> bool:
         """True when any option is on (the prompt history is then kept)."""
-        return self.demand_pilots or self.screen or self.direct_commit or self.posterior_evict
+        return self.demand_pilots or self.screen or self.direct_commit or self.posterior_evict or self.predictor
 
 
 @dataclass

@@ -26,13 +26,26 @@ MIN_PRIOR_WEIGHT = 16.0
 
 @lru_cache(maxsize=4096)
 def beta_binomial_pmf(n: int, a: float, b: float) -> tuple[float, ...]:
-    """P(k successes in n | p ~ Beta(a, b)) for k = 0..n."""
-    log_norm = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) - math.lgamma(a + b + n)
-    out = []
-    for k in range(n + 1):
-        log_choose = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-        out.append(math.exp(log_choose + log_norm + math.lgamma(a + k) + math.lgamma(b + n - k)))
-    return tuple(out)
+    """P(k successes in n | p ~ Beta(a, b)) for k = 0..n.
+
+    By the ratio of neighbours, P(k+1) / P(k) = (n - k)(a + k) / ((k + 1)(b + n - k - 1)), then
+    normalised to sum 1: a product a term instead of five log-gammas (the screen meets many
+    distinct priors a round). Rescaled on the way, so no term overflows."""
+    terms, x = [1.0], 1.0
+    for k in range(n):
+        x *= (n - k) * (a + k) / ((k + 1) * (b + n - k - 1))
+        if x > 1e250:
+            terms = [t * 1e-250 for t in terms]
+            x *= 1e-250
+        terms.append(x)
+    total = math.fsum(terms)
+    return tuple(t / total for t in terms)
+
+
+@lru_cache(maxsize=8192)
+def _band_mass(n: int, a: float, b: float, p_lower: float, p_upper: float) -> float:
+    """P(p_lower <= k / n <= p_upper) for k ~ BetaBinomial(n, a, b) (cached: many prompts share a prior)."""
+    return sum(q for k, q in enumerate(beta_binomial_pmf(n, a, b)) if p_lower <= k / n <= p_upper)
 
 
 def beta_sf(x: float, a: float, b: float) -> float:
@@ -84,7 +97,7 @@ class Posterior:
 
     def p_keep(self, n: int, p_lower: float, p_upper: float) -> float:
         """Chance that a pilot of ``n`` rollouts lands in the keep band."""
-        return sum(q for k, q in enumerate(self.predictive(n)) if p_lower <= k / n <= p_upper)
+        return _band_mass(n, round(self.a, 6), round(self.b, 6), p_lower, p_upper)
 
     def p_informative(self, n: int) -> float:
         """Chance that ``n`` rollouts do not all score alike."""

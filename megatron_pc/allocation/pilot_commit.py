@@ -12,19 +12,23 @@ The history-aware options (``allocation.history``, off by default; docs/history_
 a faded Beta posterior over every prompt's success rate (:mod:`megatron_pc.allocation.history`)
 and use it to size the pilot batch to demand, to screen prompts confidently outside the band,
 to give a prompt its n rollouts directly when that yields more informative groups per rollout
-than a pilot, and to evict by the posterior rather than one pilot.
+than a pilot, and to evict by the posterior rather than one pilot. With ``history.predictor``
+(the screen, docs/screen.md) a prompt's prior is predicted from its features
+(:mod:`megatron_pc.allocation.predictor`) instead of being the population's, so a prompt never
+seen can be screened, given its rollouts directly, or counted in the demand by its prediction.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from megatron_pc.allocation.base import AllocationStrategy
 from megatron_pc.allocation.buffer import BufferEntry, ReplayBuffer, select_kept_pilots
 from megatron_pc.allocation.config import AllocationConfig, commit_granularity
 from megatron_pc.allocation.history import Posterior, PromptHistory
+from megatron_pc.allocation.predictor import ScreenPredictor, apart, auc, brier
 from megatron_pc.allocation.types import Request, Rollout, RoundPlan, TrainGroup
 from megatron_pc.errors import ConfigError
 
@@ -78,6 +82,29 @@ class PilotCommit(AllocationStrategy):
         self._committing: list[BufferEntry] = []
         self.history = PromptHistory(self.cfg.history.half_life) if self.cfg.history.active else None
         self._planned: dict[int, dict[str, Any]] = {}  # prompt -> what the plan predicted (history on)
+        self.predictor = ScreenPredictor(self.cfg.history) if self.cfg.history.predictor else None
+        self._calibration: list[tuple[float, float, bool]] = []  # this step's pilots: (p_keep, population p_keep, kept)
+
+    # ---- features ----------------------------------------------------------------------
+    @property
+    def lookahead(self) -> int:
+        """New prompts whose features are asked for in advance."""
+        h = self.cfg.history
+        if h.lookahead is not None:
+            return h.lookahead
+        return 4 * (max(h.pilot_floor, math.ceil(h.max_new_factor * self.cfg.pilot.batch)) if h.demand_pilots else self.cfg.pilot.batch)
+
+    def feature_requests(self) -> list[int]:
+        if self.predictor is None:
+            return []
+        return self.predictor.wanted(self.pool.peek(self.lookahead), self.step)
+
+    def observe_features(self, features: Mapping[int, Any], step: int) -> None:
+        if self.predictor is None:
+            super().observe_features(features, step)
+            return
+        self.predictor.add_features(features, step)
+        self.acct.add("features_received", len(features))
 
     # ---- planning ----------------------------------------------------------------------
     def _plan_requests(self) -> list[Request]:
@@ -125,6 +152,7 @@ class PilotCommit(AllocationStrategy):
             demand, limit = math.inf, cfg.pilot.batch
         floor = min(h.pilot_floor, limit) if h.demand_pilots else limit
         prior = history.prior(self.step)
+        predictor = self.predictor
         new: list[Request] = []
         expected, scanned, directs, epoch_ends = 0.0, 0, 0, 0
         while len(new) < limit and (expected < demand or len(new) < floor) and scanned < 20 * limit:
@@ -139,13 +167,27 @@ class PilotCommit(AllocationStrategy):
                     demand = room
                 continue
             prompt, scanned = got[0], scanned + 1
-            post = history.posterior(prompt, self.step, prior)
+            predicted, own_prior = None, prior
+            if predictor is not None:
+                predicted = predictor.prediction(prompt, self.step)
+                if predicted is not None:
+                    own_prior = predictor.prior(prompt, self.step) or prior
+                    self.acct.add("prompts_predicted")
+                elif not predictor.has_features(prompt):
+                    self.acct.add("prompts_featureless")
+            post = history.posterior(prompt, self.step, own_prior)
             p_keep = post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
+            pop_post = post if own_prior is prior else history.posterior(prompt, self.step, prior)
+            pop_keep = pop_post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper) if pop_post is not post else p_keep
             explored = False
-            if h.screen and post.evidence >= h.min_evidence and p_keep <= 1.0 - h.confidence:
+            # A calibrated prediction stands for evidence: a prompt never seen may be screened by it, when
+            # it sets the prompt apart from the pool (on a pool where every pilot is a long shot, screening
+            # them all would leave nothing to train on).
+            by_prediction = predicted is not None and apart(post.mean, pop_post.mean, h.screen_relative) and predictor.calibrated(prompt, self.step)
+            if h.screen and (post.evidence >= h.min_evidence or by_prediction) and p_keep <= 1.0 - h.confidence:
                 explored = self._rng.random() < h.explore
                 if not explored:
-                    self._screen(prompt, post, p_keep)
+                    self._screen(prompt, post, p_keep, predicted, pop_post.mean)
                     continue
             p_direct = post.p_informative(cfg.n)
             if h.direct_commit and p_direct / cfg.n > p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts):
@@ -159,6 +201,8 @@ class PilotCommit(AllocationStrategy):
                 expected += p_keep
                 new.append(Request(prompt, cfg.pilot.n, "pilot"))
             self._planned[prompt] = {"p_keep": p_keep, "p_informative": round(p_direct, 4), "explore": explored}
+            if predictor is not None:
+                self._planned[prompt].update(predicted_p=predicted, p_keep_population=pop_keep)
         n_commits = wanted
         while True:  # every round's rollouts divide evenly over the generation engines
             rollouts = sum(r.n for r in new)
@@ -173,7 +217,7 @@ class PilotCommit(AllocationStrategy):
         self.acct.add("buffer_pops", len(self._committing))
         return new + [Request(e.prompt, cfg.commit_rollouts, "commit") for e in self._committing]
 
-    def _screen(self, prompt: int, post: Posterior, p_keep: float) -> None:
+    def _screen(self, prompt: int, post: Posterior, p_keep: float, predicted: float | None = None, pop_mean: float | None = None) -> None:
         """Not piloted this epoch: the posterior says its pilot would land outside the band."""
         n = self.cfg.pilot.n
         pmf = post.predictive(n)
@@ -185,7 +229,9 @@ class PilotCommit(AllocationStrategy):
         self.acct.add("prompts_screened")
         self.trace.emit(
             {"event": "screen", "step": self.step, "round": self.round, "prompt": prompt, "p_keep": p_keep,
-             "mean": round(post.mean, 4), "evidence": round(post.evidence, 3), "outcome": "too_hard" if too_hard else "too_easy"}  # fmt: skip
+             "mean": round(post.mean, 4), "evidence": round(post.evidence, 3), "outcome": "too_hard" if too_hard else "too_easy",
+             **({"predicted_p": predicted, "population_mean": round(pop_mean, 4) if pop_mean is not None else None}
+                if self.predictor is not None else {})}  # fmt: skip
         )
 
     # ---- observing ---------------------------------------------------------------------
@@ -200,6 +246,8 @@ class PilotCommit(AllocationStrategy):
             else:
                 self._commit(plan, req, next(committing), list(rollouts))
         self._planned.clear()
+        if self.predictor is not None:
+            self.predictor.flush(self.step)
 
     def _observe_history(self, prompt: int, successes: int, n: int) -> dict[str, Any]:
         """Add the rollouts to the prompt's history; the trace fields of the decision it informs."""
@@ -207,6 +255,8 @@ class PilotCommit(AllocationStrategy):
         h = self.cfg.history
         self.history.observe(prompt, successes, n, self.step)
         fields = dict(self._planned.get(prompt, {}))
+        if self.predictor is not None:
+            self.predictor.observe(prompt, successes, n, fields.get("predicted_p"))
         if h.posterior_evict:
             post = self.history.posterior(prompt, self.step, self.history.prior(self.step))
             prob = post.p_above(h.evict_level) if post.evidence >= h.min_evidence and post.mean > h.evict_level / 2 else 0.0
@@ -259,6 +309,8 @@ class PilotCommit(AllocationStrategy):
             self.acct.add("buffer_adds")
         self.acct.add(f"prompts_{decision}" if decision != "keep" else "prompts_kept")
         fields = self._observe_history(req.prompt, successes, len(rollouts)) if self.history is not None else {}
+        if self.predictor is not None and "p_keep_population" in fields:
+            self._calibration.append((fields["p_keep"], fields["p_keep_population"], decision == "keep"))
         evict = self._evict_by(p_hat, fields)
         if evict:
             self.pool.evict(req.prompt)
@@ -280,10 +332,14 @@ class PilotCommit(AllocationStrategy):
     def _commit(self, plan: RoundPlan, req: Request, entry: BufferEntry, rollouts: list[Rollout]) -> None:
         group = TrainGroup(req.prompt, entry.kept + rollouts, self.step, pilot_step=entry.pilot_step, n_pilot=len(entry.kept))
         self.batch.append(group)
+        successes = [r.correct for r in rollouts].count(True)
         if self.history is not None:
-            self.history.observe(req.prompt, [r.correct for r in rollouts].count(True), len(rollouts), self.step)
+            self.history.observe(req.prompt, successes, len(rollouts), self.step)
+        if self.predictor is not None:
+            self.predictor.observe(req.prompt, successes, len(rollouts), None)
         self.trace.emit(
-            {"event": "commit", "step": plan.step, "round": plan.round, "prompt": req.prompt, "n": req.n, "pilot_step": entry.pilot_step}
+            {"event": "commit", "step": plan.step, "round": plan.round, "prompt": req.prompt, "n": req.n, "pilot_step": entry.pilot_step,
+             "successes": successes}  # fmt: skip
         )
 
     # ---- housekeeping ------------------------------------------------------------------
@@ -292,6 +348,8 @@ class PilotCommit(AllocationStrategy):
         # reference drops by this step's age, so one more step of age passes.
         dropped = self.buffer.drop_older_than(self.step + 1 if self.cfg.buffer.age_rule == "strict" else self.step)
         self.acct.add("buffer_age_evictions", dropped)
+        if self.predictor is not None:  # features are kept for prompts drawn soon and those waiting for a commit
+            self.predictor.prune({e.prompt for e in self.buffer.entries()} | set(self.pool.peek(self.lookahead)))
         return dropped
 
     def _on_epoch_end(self) -> None:
@@ -302,7 +360,32 @@ class PilotCommit(AllocationStrategy):
 
     def _extra_gauges(self, groups: list[TrainGroup]) -> dict[str, float]:
         ages = [g.step - g.pilot_step for g in groups if g.pilot_step is not None]
-        return {"offpolicy_age_mean": sum(ages) / len(ages) if ages else 0.0, "offpolicy_age_max": max(ages, default=0)}
+        out = {"offpolicy_age_mean": sum(ages) / len(ages) if ages else 0.0, "offpolicy_age_max": max(ages, default=0)}
+        if self.history is not None:
+            out.update(self._screen_gauges())
+        return out
+
+    def _screen_gauges(self) -> dict[str, float]:
+        """The step's shares of new prompts screened / given their rollouts directly / piloted, and
+        (predictor on) the calibration of the keep predictions of the prompts piloted this step,
+        made before their pilots were seen, beside the population prior's. Ends the step's record."""
+        step = self.acct.step
+        direct, screened = step.get("prompts_direct", 0), step.get("prompts_screened", 0)
+        judged = step.get("prompts_drawn", 0) + screened
+        out = {
+            "share_screened": screened / judged if judged else 0.0,
+            "share_direct": direct / judged if judged else 0.0,
+            "share_piloted": (judged - screened - direct) / judged if judged else 0.0,
+        }
+        if self.predictor is not None:
+            p_keep, p_pop, kept = (list(v) for v in zip(*self._calibration)) if self._calibration else ([], [], [])
+            self._calibration = []
+            out.update(
+                screen_scored=len(kept), screen_brier=_finite(brier(p_keep, kept)), screen_auc=_finite(auc(p_keep, kept)),
+                screen_brier_population=_finite(brier(p_pop, kept)), screen_auc_population=_finite(auc(p_pop, kept)),
+                predictor_strength=self.predictor.strength, predictor_fit_weight=self.predictor.fit_weight,
+            )  # fmt: skip
+        return out
 
     def _shortfall_hint(self) -> str:
         return (
@@ -312,6 +395,8 @@ class PilotCommit(AllocationStrategy):
 
     def _extra_state(self) -> dict[str, Any]:
         history = {"history": self.history.state_dict()} if self.history is not None else {}
+        if self.predictor is not None:
+            history["screen"] = {"predictor": self.predictor.state_dict(), "calibration": [list(c) for c in self._calibration]}
         return {"buffer": self.buffer.state_dict(), **history}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
@@ -320,6 +405,16 @@ class PilotCommit(AllocationStrategy):
             if "history" not in state:
                 raise ValueError("allocation.history is on but the checkpoint holds no prompt history (it was saved without it)")
             self.history.load_state_dict(state["history"])
+        if self.predictor is not None:
+            if "screen" not in state:
+                raise ValueError("allocation.history.predictor is on but the checkpoint holds no predictor state (it was saved without it)")
+            self.predictor.load_state_dict(state["screen"]["predictor"])
+            self._calibration = [(float(a), float(b), bool(k)) for a, b, k in state["screen"]["calibration"]]
+
+
+def _finite(x: float) -> float | None:
+    """None for an undefined figure (no pilot this step, or one class only): metrics leave it out."""
+    return x if math.isfinite(x) else None
 
 
 def fit_round_to_ranks(n_pilots: int, pilot_n: int, n_commits: int, commit_n: int, ranks: int) -> tuple[int, int]:

@@ -64,6 +64,10 @@ class PromptPool:
         self._cursor += len(out)
         return out
 
+    def peek(self, k: int) -> list[int]:
+        """The next ``k`` prompts this epoch would draw (fewer at its end), without drawing them."""
+        return self._order[self._cursor : self._cursor + k]
+
     def undraw(self, k: int) -> None:
         """Put the last ``k`` drawn prompts back, in order (a round was trimmed)."""
         if k > self._cursor:

@@ -7,7 +7,11 @@ the clock starts; plan_round, observe and (when the batch fills) finish_step are
 Goal: under 20 ms per round. ``--history`` times history-aware Pilot-Commit (the preset) as in a
 later epoch: every prompt of the pool already has a history, so each one drawn is judged by its
 own posterior, on a pool where 40% of the prompts are never solved and 10% always (most drawn
-prompts are then screened, the costliest case).
+prompts are then screened, the costliest case). ``--screen`` times the screen (preset ``screen``,
+docs/screen.md) in a first epoch, where no prompt has a history and every prediction comes from
+the features: 256 precomputed features per prompt (one of them a noisy view of its success
+rate), handed over before each round as the driver does; the time to take them in, the step's
+refit of the predictor and the predictions are all counted.
 """
 
 from __future__ import annotations
@@ -17,25 +21,37 @@ import random
 import statistics
 import time
 
+import numpy as np
+
 from megatron_pc.allocation import Rollout, build_strategy
 from megatron_pc.allocation.config import AllocationConfig, HistoryConfig, PilotConfig
+from megatron_pc.allocation.features import supply_features
+
+SCREEN_FEATURES = 256
 
 
-def _reference_config(rounds: int, history: bool) -> AllocationConfig:
+def _reference_config(rounds: int, history: bool, screen: bool = False) -> AllocationConfig:
     # Many rounds, all trained partially filled or full: the limit must not stop the bench.
     return AllocationConfig(
         strategy="pilot_commit", train_batch=128, n=128, pilot=PilotConfig(n=32, batch=384), max_rounds=max(10, rounds),
-        history=HistoryConfig(preset="history_aware" if history else "off"),
+        history=HistoryConfig(preset="screen" if screen else "history_aware" if history else "off"),
     )
 
 
-def bench(rounds: int, pool_size: int, seed: int, history: bool = False) -> dict[str, float]:
+def bench(rounds: int, pool_size: int, seed: int, history: bool = False, screen: bool = False) -> dict[str, float]:
     """Time ``rounds`` steady-state rounds; returns milliseconds per round (median, p90, max)."""
-    cfg = _reference_config(rounds, history)
+    cfg = _reference_config(rounds, history, screen)
     strategy = build_strategy(cfg, pool_size, seed)
     rng = random.Random(seed)
     rates = [rng.random() for _ in range(pool_size)]
-    if history:
+    source = None
+    if screen:  # a first epoch: no history; features precomputed, one of them a noisy view of the rate
+        rates = [0.0 if u < 0.4 else 1.0 if u < 0.5 else rng.random() for u in (rng.random() for _ in range(pool_size))]
+        gen = np.random.default_rng(seed)
+        table = gen.normal(0.0, 1.0 / np.sqrt(SCREEN_FEATURES), (pool_size, SCREEN_FEATURES))
+        table[:, 0] = np.asarray(rates) + gen.normal(0.0, 0.15, pool_size)
+        source = lambda ids: {p: table[p] for p in ids}  # noqa: E731
+    elif history:
         rates = [0.0 if u < 0.4 else 1.0 if u < 0.5 else rng.random() for u in (rng.random() for _ in range(pool_size))]  # a later epoch: one earlier pilot of every prompt is remembered
         for prompt, rate in enumerate(rates):
             strategy.history.observe(prompt, sum(rng.random() < rate for _ in range(cfg.pilot.n)), cfg.pilot.n, 0)
@@ -44,6 +60,7 @@ def bench(rounds: int, pool_size: int, seed: int, history: bool = False) -> dict
         if strategy.batch_ready():
             strategy.finish_step()
         t0 = time.perf_counter()
+        supply_features(strategy, source, strategy.step)
         plan = strategy.plan_round()
         t_plan = time.perf_counter() - t0
         results = [[Rollout(1.0, True) if rng.random() < rates[r.prompt] else Rollout(0.0, False) for _ in range(r.n)] for r in plan.requests]
@@ -74,10 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-size", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--history", action="store_true", help="history-aware Pilot-Commit, every prompt with a history")
+    parser.add_argument("--screen", action="store_true", help="the screen's predictor (preset screen) in a first epoch, features precomputed")
     args = parser.parse_args(argv)
-    r = bench(args.rounds, args.pool_size, args.seed, args.history)
+    r = bench(args.rounds, args.pool_size, args.seed, args.history, args.screen)
+    label = " (screen)" if args.screen else " (history-aware)" if args.history else ""
     print(
-        f"controller round{' (history-aware)' if args.history else ''} (pool {args.pool_size:,}, pilot {r['pilot_rollouts_per_round']:,.0f} + commit "
+        f"controller round{label} (pool {args.pool_size:,}, pilot {r['pilot_rollouts_per_round']:,.0f} + commit "
         f"{r['commit_rollouts_per_round']:,.0f} + direct {r['direct_rollouts_per_round']:,.0f} rollouts): median {r['median_ms']:.1f} ms, p90 {r['p90_ms']:.1f} ms, "
         f"max {r['max_ms']:.1f} ms over {r['rounds']} rounds (goal < 20 ms)"
     )

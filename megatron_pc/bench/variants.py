@@ -87,6 +87,8 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     "pc_history": Variant("pilot_commit", "history-aware Pilot-Commit (docs/history_aware.md)",
                           lambda tb: ("allocation.history.preset=history_aware",)),  # fmt: skip
+    "pc_screen": Variant("pilot_commit", "history-aware Pilot-Commit with the screen's predicted priors (docs/screen.md)",
+                         lambda tb: ("allocation.history.preset=screen",)),  # fmt: skip
     "grpo_fair": Variant("grpo", "GRPO whose loss mean counts only the tokens of groups with a nonzero advantage",
                          lambda tb: ("training.loss_denominator=informative",)),  # fmt: skip
     "dapo_3x": Variant("dapo", "DAPO drawing 3 x the train batch of prompts per round, as the recipe",

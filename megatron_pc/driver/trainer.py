@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Protocol
 
 from megatron_pc.allocation import StepResult, build_strategy
+from megatron_pc.allocation.features import FeatureSource, check_feature_source, make_feature_source, supply_features
 from megatron_pc.allocation.trace import TraceWriter
 from megatron_pc.cluster.ray_workers import RayWorkers
 from megatron_pc.config import Config, to_dict
@@ -83,6 +84,9 @@ class Trainer:
         self.resume_step, self.resume_path, traced = self.checkpoints.resume_point()
         trace = TraceWriter(self.run_dir / "trace.jsonl", keep_through_step=traced) if cfg.logging.trace else None
         self.strategy = build_strategy(cfg.allocation, len(data.train), cfg.seed, cfg.rollout.engines, trace)
+        check_feature_source(cfg)  # a feature source this build lacks is refused before any worker starts
+        self.features: FeatureSource | None = None  # the screen's features (allocation.history.predictor), made at start
+        self.feature_cost: dict[int, list[float]] = {}  # step -> [prompts featured, seconds]
         self.tokens_total = 0
         self.engines: RestartingEngines | None = None  # the workers' engines, restarted when they die
         self.versions = Versions()
@@ -109,6 +113,7 @@ class Trainer:
         self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate-ahead")  # pipelined mode's generation
         try:
             workers.start()
+            self.features = make_feature_source(cfg, self.data, workers)
             self.engines = RestartingEngines(workers.engines, workers.restart_engine, cfg.rollout.engine_restarts)
             with RewardPool(cfg.reward, max_tokens=cfg.rollout.max_tokens) as rewards:
                 self._load(workers)
@@ -178,6 +183,7 @@ class Trainer:
             "generate_calls": gen.calls, "policy_lag": gen.lag,
             "rollout_age_mean": sum(ages) / len(ages) if ages else 0.0, "rollout_age_max": max(ages, default=0),
             "engine_restarts": self._engines.restarts - restarts,
+            **self._feature_metrics(step),
             **reward_faults(graded, rewards.counters),
         }  # fmt: skip
 
@@ -187,6 +193,12 @@ class Trainer:
         self.versions.generated(step)
         tally = GenerationTally()
         while not self.strategy.batch_ready():
+            # The screen: features of the prompts the strategy may draw next, before the round is planned.
+            featured, seconds = supply_features(self.strategy, self.features, step)
+            if featured:
+                cost = self.feature_cost.setdefault(step, [0, 0.0])
+                cost[0] += featured
+                cost[1] += seconds
             plan = self.strategy.plan_round()
             self.strategy.trace.emit({"event": "generate", "step": plan.step, "round": plan.round, "rollouts": plan.total_rollouts,
                                       "policy_version": self.versions.by_step.get(plan.step, self.versions.engines)})  # fmt: skip
@@ -200,6 +212,13 @@ class Trainer:
         if result.step != step:
             raise RuntimeError(f"generated step {result.step} where step {step} was due")
         return Generated(result, tally.tokens, tally.metrics(), timer.only(GENERATION_PHASES), lag, tally.calls)
+
+    def _feature_metrics(self, step: int) -> dict[str, float]:
+        """The screen's feature cost of ``step`` (prompts featured, seconds), when the predictor is on."""
+        if self.features is None:
+            return {}
+        prompts, seconds = self.feature_cost.pop(step, [0, 0.0])
+        return {"feature_prompts": prompts, "time_features": seconds}
 
     def _update(self, result: StepResult, workers: Workers, timer: Timer, sync: bool = True) -> dict[str, float]:
         """The policy update (old log-probs once, then one optimizer update per mini-batch), then

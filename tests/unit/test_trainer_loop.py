@@ -175,3 +175,31 @@ def test_a_bad_fault_spec_is_refused_naming_the_variable() -> None:
     for bad in ("sigkill@nowhere:3", "sighup@update:1", "sigterm@update", "sigterm@update:x"):
         with pytest.raises(ConfigError, match=f"{ENV}.*{bad}"):
             parse(bad)
+
+
+def test_the_screen_gets_its_features_from_the_driver_and_resumes_exactly(tmp_path: Path) -> None:
+    screen = ("allocation.history.preset=screen", "allocation.history.min_fit=4", "allocation.history.ngram_dim=32")
+    cfg = _cfg(tmp_path, "pilot_commit", *screen)
+    Trainer(cfg, _data(tmp_path), partial(StandInWorkers)).run()
+    first = read_metrics(cfg.resolved_run_dir / "metrics.jsonl")
+    assert first[1]["feature_prompts"] > 0 and all("time_features" in r for r in first[1:])
+    assert sum(r["prompts_predicted"] for r in first[1:]) > 0
+    trace = read_trace(cfg.resolved_run_dir / "trace.jsonl")
+    assert check_trace(trace, cfg.allocation) == []
+    assert any(e.get("predicted_p") is not None for e in trace if e["event"] in ("pilot", "direct", "screen"))
+    # 2 steps, then 2 more resumed from the step-2 checkpoint: the same trace and screen figures.
+    Trainer(_cfg(tmp_path / "again", "pilot_commit", *screen, "training.steps=2"), _data(tmp_path), partial(StandInWorkers)).run()
+    more = _cfg(tmp_path / "again", "pilot_commit", *screen)
+    Trainer(more, _data(tmp_path), partial(StandInWorkers)).run()
+    second = read_metrics(more.resolved_run_dir / "metrics.jsonl")
+    keys = ("generated", "screen_brier", "screen_auc", "share_screened", "prompts_predicted", "predictor_fit_weight")
+    assert [[r.get(k) for k in keys] for r in second] == [[r.get(k) for k in keys] for r in first]
+    assert read_trace(more.resolved_run_dir / "trace.jsonl") == trace
+
+
+def test_policy_features_without_a_driver_source_are_refused_before_workers_start(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "pilot_commit", "allocation.history.preset=screen", "allocation.history.features=policy")
+    started: list[StandInWorkers] = []
+    with pytest.raises(ConfigError, match="allocation.history.features"):
+        Trainer(cfg, _data(tmp_path), lambda *a: started.append(StandInWorkers(*a)) or started[-1]).run()
+    assert not started
