@@ -85,7 +85,7 @@ def prompt_text(record: Any) -> str:
 def make_feature_source(cfg: Any, data: Any, workers: Any = None) -> FeatureSource | None:
     """The run's feature source (None when the predictor is off). ``cfg``: the run's Config."""
     h = cfg.allocation.history
-    if not (cfg.allocation.strategy == "pilot_commit" and h.predictor):
+    if not h.predictor:  # a strategy without the predictor asks for no features (feature_requests)
         return None
     if h.features == "ngrams":
         return NgramFeatures([prompt_text(r) for r in data.train], h.ngram_dim, h.ngram_max)
@@ -104,7 +104,7 @@ def make_feature_source(cfg: Any, data: Any, workers: Any = None) -> FeatureSour
 def check_feature_source(cfg: Any) -> None:
     """Refuse, before any worker starts, a feature source this build cannot provide."""
     h = cfg.allocation.history
-    if cfg.allocation.strategy == "pilot_commit" and h.predictor and h.features != "ngrams" and h.features not in FEATURE_SOURCES:
+    if h.predictor and h.features != "ngrams" and h.features not in FEATURE_SOURCES:
         raise ConfigError(
             "allocation.history.features",
             f"{h.features!r} features are not available in this build (no driver source registered for them); use 'ngrams'",

@@ -10,10 +10,14 @@ pilots are older by their buffer wait). A checkpoint holds the prefetched step
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_pc.allocation import StepResult, TrainGroup
+from megatron_pc.console import CONSOLE
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -93,3 +97,10 @@ def resume_pipeline(controller: dict[str, Any], step: int) -> tuple[Versions, Ge
     versions = Versions.from_json(pipeline["versions"]) if "versions" in pipeline else Versions(step)
     versions.engines = step
     return versions, Generated.from_json(pipeline["pending"]) if pipeline.get("pending") else None
+
+
+def warn_uncorrected_lag(training: Any) -> None:
+    """Pipelined without truncated importance sampling, nothing corrects the one step of lag."""
+    if training.pipelined and training.tis_cap is None:
+        logger.warning("training.pipelined: every rollout is one step off-policy and training.tis_cap is off, so nothing "
+                       "corrects it; set training.tis_cap (e.g. 2.0) to weight tokens by min(pi_old / pi_engine, cap)", extra=CONSOLE)  # fmt: skip

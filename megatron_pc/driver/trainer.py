@@ -10,9 +10,8 @@
 
 The strategy decides what to generate; the workers never decide; this file only moves data.
 Pipelined (``training.pipelined``), step t+1's rounds run on a thread while step t trains
-(megatron_pc.driver.pipeline). Every other piece lives with the package whose job it is:
-Ray workers in megatron_pc.cluster, timing in megatron_pc.metrics, the round in
-megatron_pc.driver.rollouts, the update in megatron_pc.driver.update.
+(driver.pipeline). Every other piece lives with the package whose job it is: Ray workers in
+cluster, timing in metrics, the round in driver.rollouts, the update in driver.update.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Protocol
 
 from megatron_pc.allocation import StepResult, build_strategy
-from megatron_pc.allocation.features import FeatureSource, check_feature_source, make_feature_source, supply_features
 from megatron_pc.allocation.trace import TraceWriter
 from megatron_pc.cluster.ray_workers import RayWorkers
 from megatron_pc.config import Config, to_dict
@@ -32,7 +30,8 @@ from megatron_pc.driver.checkpoints import CheckpointManager, on_preemption
 from megatron_pc.driver.engines import RestartingEngines
 from megatron_pc.driver.evaluation import Evaluator, decode_and_score
 from megatron_pc.driver.faults import Injector
-from megatron_pc.driver.pipeline import Generated, Versions, pipeline_state, resume_pipeline
+from megatron_pc.driver.features import Screen
+from megatron_pc.driver.pipeline import Generated, Versions, pipeline_state, resume_pipeline, warn_uncorrected_lag
 from megatron_pc.driver.rollouts import answers_of, generate_round, resolve_round, to_rollouts
 from megatron_pc.driver.sync_check import SyncCheck, pair_precision
 from megatron_pc.driver.update import PolicyGroup, update_policy
@@ -84,16 +83,12 @@ class Trainer:
         self.resume_step, self.resume_path, traced = self.checkpoints.resume_point()
         trace = TraceWriter(self.run_dir / "trace.jsonl", keep_through_step=traced) if cfg.logging.trace else None
         self.strategy = build_strategy(cfg.allocation, len(data.train), cfg.seed, cfg.rollout.engines, trace)
-        check_feature_source(cfg)  # a feature source this build lacks is refused before any worker starts
-        self.features: FeatureSource | None = None  # the screen's features (allocation.history.predictor), made at start
-        self.feature_cost: dict[int, list[float]] = {}  # step -> [prompts featured, seconds]
+        self.screen = Screen(cfg, data)  # features for allocation.history.predictor, before each round
         self.tokens_total = 0
         self.engines: RestartingEngines | None = None  # the workers' engines, restarted when they die
         self.versions = Versions()
         self.pending: Generated | None = None  # pipelined: the next step, generated during this one
-        if cfg.training.pipelined and cfg.training.tis_cap is None:
-            logger.warning("training.pipelined: every rollout is one step off-policy and training.tis_cap is off, so nothing "
-                           "corrects it; set training.tis_cap (e.g. 2.0) to weight tokens by min(pi_old / pi_engine, cap)", extra=CONSOLE)  # fmt: skip
+        warn_uncorrected_lag(cfg.training)
         # Refuse GPUs this Python cannot use, and a transport the devices cannot serve, before any worker starts.
         gpu = devices.use_gpus()
         self.transport = cfg.rollout.resolve_transport(use_gpu=gpu, colocated=cfg.cluster.colocated)
@@ -113,7 +108,7 @@ class Trainer:
         self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate-ahead")  # pipelined mode's generation
         try:
             workers.start()
-            self.features = make_feature_source(cfg, self.data, workers)
+            self.screen.start(workers)
             self.engines = RestartingEngines(workers.engines, workers.restart_engine, cfg.rollout.engine_restarts)
             with RewardPool(cfg.reward, max_tokens=cfg.rollout.max_tokens) as rewards:
                 self._load(workers)
@@ -171,8 +166,7 @@ class Trainer:
                 with timer("validation"):
                     val = evaluator.run(step)
         self.tokens_total += gen.tokens
-        seconds = {**timer.seconds, **gen.seconds}  # generate / reward: when they ran, overlapped or not
-        ages = self.versions.ages(gen.result)
+        seconds, ages = {**timer.seconds, **gen.seconds}, self.versions.ages(gen.result)  # generate / reward: when they ran
         self.versions.forget_before(step - cfg.allocation.max_commit_age - 1)
         gen_s = gen.seconds.get("generate", 0.0)
         return {
@@ -182,8 +176,7 @@ class Trainer:
             "gen_tokens_per_s": gen.tokens / gen_s if gen_s else 0.0,
             "generate_calls": gen.calls, "policy_lag": gen.lag,
             "rollout_age_mean": sum(ages) / len(ages) if ages else 0.0, "rollout_age_max": max(ages, default=0),
-            "engine_restarts": self._engines.restarts - restarts,
-            **self._feature_metrics(step),
+            "engine_restarts": self._engines.restarts - restarts, **self.screen.metrics(step),
             **reward_faults(graded, rewards.counters),
         }  # fmt: skip
 
@@ -193,12 +186,7 @@ class Trainer:
         self.versions.generated(step)
         tally = GenerationTally()
         while not self.strategy.batch_ready():
-            # The screen: features of the prompts the strategy may draw next, before the round is planned.
-            featured, seconds = supply_features(self.strategy, self.features, step)
-            if featured:
-                cost = self.feature_cost.setdefault(step, [0, 0.0])
-                cost[0] += featured
-                cost[1] += seconds
+            self.screen.before_round(self.strategy, step)
             plan = self.strategy.plan_round()
             self.strategy.trace.emit({"event": "generate", "step": plan.step, "round": plan.round, "rollouts": plan.total_rollouts,
                                       "policy_version": self.versions.by_step.get(plan.step, self.versions.engines)})  # fmt: skip
@@ -212,13 +200,6 @@ class Trainer:
         if result.step != step:
             raise RuntimeError(f"generated step {result.step} where step {step} was due")
         return Generated(result, tally.tokens, tally.metrics(), timer.only(GENERATION_PHASES), lag, tally.calls)
-
-    def _feature_metrics(self, step: int) -> dict[str, float]:
-        """The screen's feature cost of ``step`` (prompts featured, seconds), when the predictor is on."""
-        if self.features is None:
-            return {}
-        prompts, seconds = self.feature_cost.pop(step, [0, 0.0])
-        return {"feature_prompts": prompts, "time_features": seconds}
 
     def _update(self, result: StepResult, workers: Workers, timer: Timer, sync: bool = True) -> dict[str, float]:
         """The policy update (old log-probs once, then one optimizer update per mini-batch), then

@@ -180,12 +180,17 @@ def test_bad_screen_settings_are_refused_by_name(field: str, value: float) -> No
         HistoryConfig(preset="screen", **{field: value})
 
 
-def test_policy_features_are_refused_until_a_source_is_registered() -> None:
+def test_policy_features_are_refused_until_a_source_is_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron_pc.allocation import features
+
     class Cfg:
         allocation = AllocationConfig(history=HistoryConfig(preset="screen", features="policy"))
 
+    monkeypatch.setattr(features, "FEATURE_SOURCES", {})  # as before megatron_pc.driver.features registers it
     with pytest.raises(ConfigError, match="allocation.history.features"):
         check_feature_source(Cfg())
+    features.register_feature_source("policy", lambda cfg, data, workers: lambda ids: {})
+    check_feature_source(Cfg())
     Cfg.allocation = AllocationConfig(history=HistoryConfig(preset="screen"))
     check_feature_source(Cfg())  # ngrams: always there
 
