@@ -1,4 +1,4 @@
-"""``megatron-pc decompose BENCH_DIR [--equal-runs DIR]``: where the paper's gain comes from.
+"""``megatron-pc decompose BENCH_DIR [--equal-runs DIR...]``: where the paper's gain comes from.
 
 The paper reports that Pilot-Commit reaches a target accuracy with 1.5-1.9x fewer rollouts than
 GRPO and 2.3-4.0x fewer than DAPO. Our measurements differ from the paper's in three ways that
@@ -135,15 +135,21 @@ def markdown(table: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``megatron-pc decompose BENCH_DIR [--equal-runs DIR] [--out DIR]``."""
+    """``megatron-pc decompose BENCH_DIR [--equal-runs DIR...] [--out DIR]``."""
     parser = argparse.ArgumentParser(prog="megatron-pc decompose", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("bench_dir", help="a `bench rollouts --update-rule reference --variants ...` output (or its kept results)")
-    parser.add_argument("--equal-runs", help="a benchmark of 1 update a step over the same regimes (e.g. results/bench_rollouts)")
+    parser.add_argument("--equal-runs", nargs="+", default=[], metavar="DIR",
+                        help="benchmarks of 1 update a step over the same regimes (e.g. results/bench_rollouts results/bench_equal1)")
     parser.add_argument("--out", default="decomposition", help="where decomposition.md and decomposition.json go")
     parser.add_argument("--target-fractions", default=",".join(map(str, TARGET_FRACTIONS)))
     args = parser.parse_args(argv)
     fractions = parse_fractions(args.target_fractions)
-    equal, left_out = same_start(find_runs(args.equal_runs), args.equal_runs, args.bench_dir) if args.equal_runs else (None, [])
+    equal: list[Run] = []
+    left_out: list[str] = []
+    for directory in args.equal_runs:
+        kept, dropped = same_start(find_runs(directory), directory, args.bench_dir)
+        equal += kept
+        left_out += [f"{regime} ({directory})" for regime in dropped]
     table = decompose(find_runs(args.bench_dir), equal, fractions)
     table["equal_left_out"] = left_out
     out = Path(args.out)

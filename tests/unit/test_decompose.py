@@ -66,8 +66,13 @@ def test_a_missing_control_is_a_dash_and_other_starts_are_left_out(tmp_path: Pat
     assert main([str(tmp_path / "rules"), "--equal-runs", str(tmp_path / "equal"), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "decomposition.md").read_text()
     assert "| 25% | - | 1.50x [1.50-1.50] | 3.00x [3.00-3.00] |" in text
-    assert "1-update runs of hard are left out" in text
-    assert json.loads((tmp_path / "out" / "decomposition.json").read_text())["equal_left_out"] == ["hard"]
+    assert f"1-update runs of hard ({tmp_path / 'equal'}) are left out" in text
+    assert json.loads((tmp_path / "out" / "decomposition.json").read_text())["equal_left_out"] == [f"hard ({tmp_path / 'equal'})"]
+    # A second 1-update benchmark from the same start fills the column.
+    _write(tmp_path / "equal2", "hard", "pilot_commit", 0, 100, "pilot_commit")
+    _write(tmp_path / "equal2", "hard", "grpo", 0, 80, "grpo")
+    assert main([str(tmp_path / "rules"), "--equal-runs", str(tmp_path / "equal"), str(tmp_path / "equal2"), "--out", str(tmp_path / "o2")]) == 0
+    assert "| 25% | 0.80x [0.80-0.80] | 1.50x" in (tmp_path / "o2" / "decomposition.md").read_text()
 
 
 def test_unfinished_runs_are_not_counted_and_an_empty_directory_is_named(tmp_path: Path) -> None:
