@@ -39,6 +39,7 @@ SELECTION=(
   "tests/gpu/test_megatron_gpu.py::test_bf16_logprobs_match_transformers_bf16[qwen2]"
   "tests/gpu/test_megatron_gpu.py::test_bf16_logprobs_match_transformers_bf16[qwen3]"
   "tests/gpu/test_megatron_gpu.py::test_bf16_train_step_keeps_fp32_main_params_and_moves_weights_toward_advantage"
+  "tests/gpu/test_megatron_gpu.py::test_bf16_prompt_features_match_transformers_last_hidden_state"
   "tests/gpu/test_megatron_gpu.py::test_export_to_hf_names_and_back_is_bit_exact[llama-tied]"
   "tests/gpu/test_megatron_gpu.py::test_export_to_hf_names_and_back_is_bit_exact[qwen2]"
   "tests/gpu/test_megatron_gpu.py::test_export_to_hf_names_and_back_is_bit_exact[qwen3]"

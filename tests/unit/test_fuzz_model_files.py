@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from safetensors.torch import load_file, save_file
 
 from megatron_pc.models.hf_check import check_hf_weights
@@ -128,8 +128,19 @@ def test_any_damage_to_the_newest_checkpoint_falls_back_to_the_previous_and_says
         target.unlink()
     else:
         target.write_bytes(blob + b"\0")
+    # A flip that turns one JSON whitespace into another (a newline into a tab) leaves the
+    # manifest as it was: no damage to detect.
+    assume(target.suffix != ".json" or not target.exists() or not _same_json(blob, target.read_bytes()))
     with caplog.at_level(logging.WARNING, logger="megatron_pc.driver.checkpoints"):
         caplog.clear()
         step, path = mgr.latest()
     assert step == 1 and mgr.load_controller(path) == {"step": 1}
     assert f"skipping damaged checkpoint {newest}" in caplog.text
+
+
+def _same_json(before: bytes, after: bytes) -> bool:
+    """Whether two JSON files hold the same value (False when either is no JSON)."""
+    try:
+        return bool(json.loads(before) == json.loads(after))
+    except ValueError:
+        return False
