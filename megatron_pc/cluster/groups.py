@@ -42,6 +42,7 @@ from megatron_pc.rollout.base import (
     WeightPushStats,
 )
 from megatron_pc.rollout.group import EngineGroup
+from megatron_pc.weight_sync.channel import BucketPayload, ChannelSpec, receiver_names
 from megatron_pc.cluster.workers import EngineActor, MegatronRank
 
 logger = logging.getLogger(__name__)
@@ -262,8 +263,8 @@ class MegatronGroup:
         self.dp_of_rank: list[int] = []
         """The data-parallel group of each rank (its TP/PP peers share that group's rows)."""
         self.data_parallel = 0
-        self.weight_channel: tuple[str, tuple[Any, ...]] | None = None
-        """(transport, the engines it reaches) of the channel rank 0 has open, if any."""
+        self.weight_channel: tuple[str, tuple[Any, ...], str] | None = None
+        """(transport, the engines it reaches, its address) of the channel rank 0 has open, if any."""
 
     def wait_ready(self) -> None:
         """Wait until every rank has started; learn the ranks' data-parallel layout."""
@@ -311,15 +312,30 @@ class MegatronGroup:
                 raise WorkerDiedError(f"{self.label} rank {index[ready[0]]}", method, err) from None
         return ray.get(refs)
 
-    def export_buckets(self, bucket_bytes: int, method: str = "export_buckets") -> Iterator[Any]:
-        """Object refs of what rank 0's streaming ``method`` yields per weight bucket (the
-        bucket, its metadata or its CUDA IPC handle); the other ranks take part in collectives."""
+    # ---- weight sync: rank 0 is the sender (megatron_pc.weight_sync) -------------------------
+    def open_weight_channel(self, transport: str, receivers: list[str], timeout_s: float, join: Any) -> str:
+        """Rank 0 hosts a new ``transport`` channel to ``receivers``; ``join(address)`` makes
+        them join while rank 0 waits for them (a broadcast group forms only with all present)."""
+        sender = self.actors[0]
+        address = self._gather([sender.open_weight_channel.remote(transport, receivers, timeout_s)], "open_weight_channel")[0]
+        connected = sender.connect_weight_channel.remote()
+        join(address)
+        self._gather([connected], "connect_weight_channel")
+        return address
+
+    def push_weights(self, bucket_bytes: int) -> Iterator[Any]:
+        """Object refs of rank 0's payloads, one per weight bucket, as its sender streams them;
+        the other ranks take part in the gathers."""
         ray = _import_ray()
-        streams = [getattr(a, method).options(num_returns="streaming").remote(bucket_bytes) for a in self.actors]
+        streams = [a.push_weights.options(num_returns="streaming").remote(bucket_bytes) for a in self.actors]
         yield from streams[0]
         for other in streams[1:]:
             for ref in other:  # drain: non-zero ranks yield nothing, but must finish
                 ray.get(ref)
+
+    def weight_sync_stats(self) -> dict[str, Any]:
+        """What rank 0's sender measured in the last sync (SyncStats as a dict)."""
+        return self._gather([self.actors[0].weight_sync_stats.remote()], "weight_sync_stats")[0]
 
 
 class WorkerDiedError(MegatronPCError):
@@ -357,6 +373,7 @@ class RayEngine(RolloutEngine):
     def __init__(self, cfg: Config, placement: Placement, model_path: str, index: int, actor_class: type = EngineActor) -> None:
         """Starts the actor and returns once it is ready (the group starts all engines at once)."""
         self.name = f"engine{index}"
+        self.workers = cfg.rollout.tensor_parallel
         actor_cls = _remote_class(actor_class).options(**placement.engine_options(index))
         self.actor = actor_cls.remote(model_path, cfg.rollout, self.name, cfg.seed + index, cfg.data.max_prompt_tokens)
         self._alive = True
@@ -382,10 +399,21 @@ class RayEngine(RolloutEngine):
         """Engine log-probs of given sequences."""
         return self.result(self.actor.score.remote([list(s) for s in sequences]))
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> WeightPushStats:
-        """Load one bucket (a list or a Ray object ref of one) into the engine."""
-        bucket = named_tensors if isinstance(named_tensors, _import_ray().ObjectRef) else list(named_tensors)
-        return WeightPushStats(**self.result(self.actor.update_weights.remote(bucket)))
+    def update_weights(self, weights: Any) -> WeightPushStats:
+        """Load (name, tensor) pairs, or one bucket payload of the joined weight-sync channel (a
+        BucketPayload, or the Ray ObjectRef of one, which the actor receives resolved)."""
+        if isinstance(weights, Iterable) and not isinstance(weights, (list, BucketPayload)):
+            weights = list(weights)
+        return WeightPushStats(**self.result(self.actor.update_weights.remote(weights)))
+
+    @property
+    def weight_receivers(self) -> list[str]:
+        """One receive end per vLLM worker of the engine."""
+        return receiver_names(self.name, self.workers)
+
+    def join_weight_channel(self, spec: ChannelSpec) -> None:
+        """The engine's workers join a policy rank's weight-sync channel."""
+        self.result(self.actor.join_weight_channel.remote(spec))
 
     @property
     def alive(self) -> bool:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from helpers.models import bits as _bits
-from megatron_pc.weight_sync.buckets import TransportError, bucket_meta
+from megatron_pc.weight_sync.buckets import TransportError
 from megatron_pc.weight_sync.cuda_ipc import IpcReceiver, IpcSender
 from megatron_pc.weight_sync.rendezvous import Rendezvous
 from megatron_pc.weight_sync.transports import join_receiver, open_sender
@@ -97,9 +97,8 @@ def _nccl_send(port: int, queue: Any) -> None:
     torch.cuda.set_device(0)
     sender = open_sender("broadcast", "127.0.0.1", ["engine0"], device="cuda:0", timeout_s=TIMEOUT_S, port=port)
     sender.connect()
-    for bucket in _buckets("cuda:0"):
-        queue.put(bucket_meta(bucket))
-        sender.send(bucket)
+    for payload in sender.stream(_buckets("cuda:0")):  # the metadata first; the bytes follow over NCCL
+        queue.put(payload)
     sender.close()
 
 
@@ -128,15 +127,15 @@ def test_nccl_broadcast_between_two_gpus_delivers_bit_identical_buckets_in_order
 
 # ---- CUDA IPC ---------------------------------------------------------------------------------
 def _ipc_receive(address: str, queue: Any, count: int, acknowledge: bool) -> list:
-    receiver = IpcReceiver(Rendezvous.join(address, TIMEOUT_S), 1, "engine0")
+    receiver = IpcReceiver(Rendezvous.join(address, TIMEOUT_S), 1, 2, "engine0")
     got = []
     for _ in range(count):
         shared = queue.get(timeout=TIMEOUT_S)
-        pairs = receiver.open(shared)
+        pairs = receiver.receive(shared)
         got.append([(n, t.cpu()) for n, t in pairs])
         del pairs
         if acknowledge:
-            receiver.acknowledge(shared)
+            receiver.done(shared)
     return got
 
 
@@ -146,9 +145,8 @@ def test_cuda_ipc_hands_buckets_to_another_process_on_the_same_gpu_bit_identical
     proc = _start(tmp_path / "receiver.pt", _ipc_receive, sender.address, queue, len(_buckets()), True)
     try:
         sender.connect()
-        for bucket in _buckets("cuda"):
-            queue.put(sender.share(bucket))  # window 1: waits for the previous acknowledgement
-        sender.finish()
+        for payload in sender.stream(_buckets("cuda")):  # window 1: waits for the previous acknowledgement
+            queue.put(payload)
     finally:
         _join([proc], 300)
     _assert_identical(_result(tmp_path / "receiver.pt"), _buckets())
@@ -161,10 +159,10 @@ def test_cuda_ipc_sender_fails_naming_the_bucket_when_the_engine_never_acknowled
     try:
         sender.connect()
         bucket = _buckets("cuda")[1]
-        queue.put(sender.share(bucket))
         start = time.monotonic()
         with pytest.raises(TransportError, match=r"engine0 \(rank 1\) did not acknowledge weight bucket 0 \(4 tensors"):
-            sender.finish()
+            for payload in sender.stream([bucket]):  # ends by waiting for the acknowledgement
+                queue.put(payload)
         assert time.monotonic() - start < 30
     finally:
         _join([proc], 60)
@@ -180,48 +178,59 @@ def _perturbed(model_dir: str) -> dict[str, torch.Tensor]:
     return {n: (t + 0.05 * torch.randn(t.shape, generator=gen)).to(torch.bfloat16) for n, t in sorted(state.items())}
 
 
-def _engine_scores(model_dir: str, address: str, queue: Any, count: int, seqs: list[list[int]]) -> dict[str, Any]:
+def _engine_scores(model_dir: str, address: str, queue: Any, count: int, seqs: list[list[int]], tp: int = 1) -> dict[str, Any]:
+    """A real vLLM engine (TP ``tp``) whose workers join the CUDA IPC channel at ``address``
+    and receive ``count`` buckets themselves (collective_rpc), then the same weights plainly."""
     from megatron_pc.rollout.config import RolloutConfig
     from megatron_pc.rollout.vllm_engine import VllmEngine
+    from megatron_pc.weight_sync.channel import ChannelSpec
 
-    config = RolloutConfig(dtype="bfloat16", gpu_memory_utilization=0.3, max_num_seqs=8)
+    config = RolloutConfig(dtype="bfloat16", gpu_memory_utilization=0.3, max_num_seqs=8, tensor_parallel=tp)
     engine = VllmEngine(model_dir, config, name="engine0", seed=0)
     try:
         before = engine.score(seqs)
-        receiver = IpcReceiver(Rendezvous.join(address, TIMEOUT_S), 1, "engine0")
-        for _ in range(count):
-            shared = queue.get(timeout=TIMEOUT_S)
-            pairs = receiver.open(shared)
-            engine.update_weights(pairs)
-            del pairs
-            receiver.acknowledge(shared)
+        engine.join_weight_channel(ChannelSpec("cuda_ipc", address, 1, tp + 1, TIMEOUT_S))
+        pushed = [engine.update_weights(queue.get(timeout=TIMEOUT_S)).bytes for _ in range(count)]
         ipc = engine.score(seqs)
         engine.update_weights(_perturbed(model_dir).items())  # the same weights, as plain CPU tensors
         plain = engine.score(seqs)
-        return {"before": before, "ipc": ipc, "plain": plain}
+        return {"before": before, "ipc": ipc, "plain": plain, "pushed": pushed}
     finally:
         engine.shutdown()
 
 
-def test_cuda_ipc_buckets_load_into_a_vllm_engine_like_the_same_weights_pushed_plainly(tmp_path: Path) -> None:
+def _ipc_into_engine(tmp_path: Path, tp: int) -> None:
     pytest.importorskip("vllm")
     from megatron_pc.models.tiny import make_tiny_model
+    from megatron_pc.weight_sync.channel import receiver_names
 
     model_dir = str(make_tiny_model(tmp_path / "tiny", warmup_steps=0, eval_prompts=2, eval_samples=1))
     weights = list(_perturbed(model_dir).items())
     buckets = [[(n, t.cuda()) for n, t in weights[i : i + 5]] for i in range(0, len(weights), 5)]
     seqs = [[1, 5, 9, 14, 20, 3, 7], [2, 4, 6, 8, 10, 12]]
-    sender = IpcSender(Rendezvous.host("127.0.0.1", 300.0), ["engine0"])
+    sender = IpcSender(Rendezvous.host("127.0.0.1", 300.0), receiver_names("engine0", tp))
     queue = CTX.Queue()
-    proc = _start(tmp_path / "engine.pt", _engine_scores, model_dir, sender.address, queue, len(buckets), seqs)
+    proc = _start(tmp_path / "engine.pt", _engine_scores, model_dir, sender.address, queue, len(buckets), seqs, tp)
     try:
-        sender.connect()  # returns once the engine started and joined
-        for bucket in buckets:
-            queue.put(sender.share(bucket))
-        sender.finish()
+        sender.connect()  # returns once the engine started and every worker joined
+        for payload in sender.stream(buckets):  # at most two buckets shared; freed after every worker's acknowledgement
+            queue.put(payload)
+        assert sender.stats.max_in_flight_buckets <= 2
     finally:
         _join([proc], 600)
     scores = _result(tmp_path / "engine.pt")
+    assert sum(scores.pop("pushed")) == sum(t.numel() * t.element_size() for _, t in weights)
     flat = {k: [x for s in v for x in s] for k, v in scores.items()}
     assert flat["ipc"] == flat["plain"]  # same weights, same kernels: the same numbers
     assert sum(abs(a - b) for a, b in zip(flat["ipc"], flat["before"])) / len(flat["ipc"]) > 1e-2  # and they did change
+
+
+def test_cuda_ipc_buckets_load_into_a_vllm_engine_like_the_same_weights_pushed_plainly(tmp_path: Path) -> None:
+    _ipc_into_engine(tmp_path, tp=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="an engine of TP 2 needs two GPUs")
+def test_cuda_ipc_buckets_reach_both_workers_of_a_tp2_engine_like_the_same_weights_pushed_plainly(tmp_path: Path) -> None:
+    """Each of the engine's two vLLM workers (one per GPU) maps the policy's buffer on GPU 0
+    through its IPC handle and loads its shard; the engine scores exactly as after a plain push."""
+    _ipc_into_engine(tmp_path, tp=2)

@@ -98,11 +98,10 @@ def test_nccl_broadcast_colocated_is_refused() -> None:
     assert info.value.field == "rollout.weight_transport" and "placement=split" in str(info.value)
 
 
-def test_config_refuses_cuda_ipc_in_split_placement_or_with_several_engines_or_engine_tp() -> None:
+def test_config_refuses_cuda_ipc_in_split_placement_or_with_several_engines_and_takes_any_engine_tp() -> None:
     cases = [
         (["rollout.weight_transport=cuda_ipc", "cluster.placement=split"], "colocated"),
         (["rollout.weight_transport=cuda_ipc", "rollout.engines=2", "allocation.pilot.batch=24"], "one engine"),
-        (["rollout.weight_transport=broadcast", "rollout.tensor_parallel=2"], "tensor_parallel 1"),
     ]
     for overrides, words in cases:
         with pytest.raises(ConfigError) as info:
@@ -110,6 +109,8 @@ def test_config_refuses_cuda_ipc_in_split_placement_or_with_several_engines_or_e
         assert info.value.field == "rollout.weight_transport", str(info.value)
         assert words in str(info.value)
     assert load_config(None, ["rollout.weight_transport=broadcast", "cluster.placement=split"]).rollout.weight_transport == "broadcast"
+    # every vLLM worker receives for itself: engines of TP 2 take every transport
+    assert load_config(None, ["rollout.weight_transport=broadcast", "rollout.tensor_parallel=2"]).rollout.tensor_parallel == 2
 
 
 def test_buckets_never_split_a_decoder_layer_between_two_engine_reloads() -> None:
@@ -133,13 +134,21 @@ def test_buckets_never_split_a_decoder_layer_between_two_engine_reloads() -> Non
     assert weight_unit("lm_head.weight") == "lm_head"
 
 
-def test_transports_are_registered_by_exact_name_each_with_its_worker_methods() -> None:
+def test_transports_are_registered_by_exact_name_each_with_its_sender_and_receiver_type() -> None:
+    from megatron_pc.weight_sync.broadcast import BroadcastReceiver, BroadcastSender
+    from megatron_pc.weight_sync.object_store import ObjectStoreReceiver, ObjectStoreSender
     from megatron_pc.weight_sync.transports import TRANSPORTS, get_transport
 
     assert list(TRANSPORTS) == ["object_store", "broadcast", "cuda_ipc"]
-    assert (get_transport("broadcast").send_method, get_transport("broadcast").load_method) == ("broadcast_buckets", "receive_bucket")
-    assert not get_transport("object_store").has_channel and get_transport("cuda_ipc").has_channel
+    assert (get_transport("broadcast").sender, get_transport("broadcast").receiver) == (BroadcastSender, BroadcastReceiver)
+    assert (get_transport("object_store").sender, get_transport("object_store").receiver) == (ObjectStoreSender, ObjectStoreReceiver)
+    assert all(t.sender.transport == t.receiver.transport == name for name, t in TRANSPORTS.items())
     with pytest.raises(TransportError, match="unknown weight transport 'Broadcast': one of object_store, broadcast, cuda_ipc"):
         get_transport("Broadcast")
-    with pytest.raises(TransportError, match="the object_store transport has no channel to open"):
-        get_transport("object_store").open_sender("127.0.0.1", ["engine0"], "cpu", 1.0, 0)
+
+
+def test_receiver_names_are_the_engine_or_one_per_worker() -> None:
+    from megatron_pc.weight_sync.channel import receiver_names
+
+    assert receiver_names("engine3", 1) == ["engine3"]
+    assert receiver_names("engine0", 2) == ["engine0.tp0", "engine0.tp1"]
