@@ -263,8 +263,8 @@ class MegatronGroup:
         self.dp_of_rank: list[int] = []
         """The data-parallel group of each rank (its TP/PP peers share that group's rows)."""
         self.data_parallel = 0
-        self.weight_channel: tuple[str, tuple[Any, ...], str] | None = None
-        """(transport, the engines it reaches, its address) of the channel rank 0 has open, if any."""
+        self.weight_channel: tuple[str, tuple[Any, ...], tuple[str, ...]] | None = None
+        """(transport, the engines it reaches, the senders' addresses) of the open channel, if any."""
 
     def wait_ready(self) -> None:
         """Wait until every rank has started; learn the ranks' data-parallel layout."""
@@ -312,25 +312,35 @@ class MegatronGroup:
                 raise WorkerDiedError(f"{self.label} rank {index[ready[0]]}", method, err) from None
         return ray.get(refs)
 
-    # ---- weight sync: rank 0 is the sender (megatron_pc.weight_sync) -------------------------
+    # ---- weight sync: rank 0 sends, or every rank per GPU (megatron_pc.weight_sync) -----------
     def open_weight_channel(self, transport: str, receivers: list[str], timeout_s: float, join: Any) -> str:
-        """Rank 0 hosts a new ``transport`` channel to ``receivers``; ``join(address)`` makes
-        them join while rank 0 waits for them (a broadcast group forms only with all present)."""
-        sender = self.actors[0]
-        address = self._gather([sender.open_weight_channel.remote(transport, receivers, timeout_s)], "open_weight_channel")[0]
-        connected = sender.connect_weight_channel.remote()
-        join(address)
-        self._gather([connected], "connect_weight_channel")
-        return address
+        """Rank 0 (every rank, per GPU) hosts a new ``transport`` channel; ``join(address,
+        by_gpu)`` makes the engine workers join while the ranks wait for them (a broadcast group
+        forms only with all present). ``by_gpu``: each rank's address by its GPU's UUID, or
+        None. Returns rank 0's address."""
+        opened = self._gather([a.open_weight_channel.remote(transport, receivers, timeout_s) for a in self.actors], "open_weight_channel")
+        senders = [o for o in opened if o is not None]
+        by_gpu = {o["gpu"]: o["address"] for o in senders} if len(senders) > 1 or senders[0]["gpu"] else None
+        connected = [a.connect_weight_channel.remote() for a in self.actors]
+        join(senders[0]["address"], by_gpu)
+        self._gather(connected, "connect_weight_channel")
+        return senders[0]["address"]
 
-    def push_weights(self, bucket_bytes: int) -> Iterator[Any]:
-        """Object refs of rank 0's payloads, one per weight bucket, as its sender streams them;
-        the other ranks take part in the gathers."""
+    def push_weights(self, bucket_bytes: int, per_gpu: bool = False) -> Iterator[Any]:
+        """Per weight bucket: the object ref of rank 0's payload, or, ``per_gpu``, one
+        PerGpuBucket of every rank's payload (CUDA IPC handles, small); the ranks that send
+        nothing take part in the gathers."""
         ray = _import_ray()
+        from megatron_pc.weight_sync.cuda_ipc import PerGpuBucket
+
         streams = [a.push_weights.options(num_returns="streaming").remote(bucket_bytes) for a in self.actors]
-        yield from streams[0]
-        for other in streams[1:]:
-            for ref in other:  # drain: non-zero ranks yield nothing, but must finish
+        if per_gpu:
+            for refs in zip(*streams):
+                yield PerGpuBucket.of(ray.get(list(refs)))
+        else:
+            yield from streams[0]
+        for stream in streams:
+            for ref in stream:  # drain: the streams must finish (and raise what they raised)
                 ray.get(ref)
 
     def weight_sync_stats(self) -> dict[str, Any]:

@@ -147,59 +147,70 @@ class MegatronRank:
 
         load_checkpoint(self.worker, path)
 
-    def _buckets(self, bucket_bytes: int, *, to_cpu: bool) -> Iterator[list[tuple[str, Any]]]:
-        """HF-named full tensors in buckets of about ``bucket_bytes`` (collective; rank 0 yields)."""
+    def _buckets(self, bucket_bytes: int, *, to_cpu: bool, every_rank: bool = False) -> Iterator[list[tuple[str, Any]]]:
+        """HF-named full tensors in buckets of about ``bucket_bytes`` (collective; rank 0 yields,
+        or every rank with ``every_rank``)."""
         from megatron_pc.models.export import iter_hf_tensors
         from megatron_pc.weight_sync.buckets import buckets_by_layer
 
-        tensors = ((name, t.detach().cpu().contiguous() if to_cpu else t.detach()) for name, t in iter_hf_tensors(self.worker.module, self.worker.arch))
+        named = iter_hf_tensors(self.worker.module, self.worker.arch, every_rank=every_rank)
+        tensors = ((name, t.detach().cpu().contiguous() if to_cpu else t.detach()) for name, t in named)
         yield from buckets_by_layer(tensors, bucket_bytes)
 
-    # ---- weight sync (rank 0 is the sender; see megatron_pc.weight_sync) ----------------------
-    def open_weight_channel(self, transport: str, receivers: list[str], timeout_s: float) -> str:
-        """Rank 0: host a new channel to the named engine workers (closing any old one);
-        returns the address they join."""
+    # ---- weight sync (see megatron_pc.weight_sync) ----------------------------------------------
+    def open_weight_channel(self, transport: str, receivers: list[str], timeout_s: float) -> dict[str, str] | None:
+        """Host a new channel (closing any old one): rank 0 to every engine worker in
+        ``receivers``, or, for a per-GPU transport (cuda_ipc), every rank to the engine worker
+        on its GPU. Returns {"address": where receivers join, "gpu": this GPU's UUID or ""}, or
+        None on a rank that does not send."""
         import ray
 
         from megatron_pc import platform
-        from megatron_pc.weight_sync.transports import open_sender
+        from megatron_pc.weight_sync.transports import get_transport, open_sender
 
-        if self.rank != 0:
-            raise RuntimeError(f"policy rank {self.rank}: only rank 0 sends weights")
         self.close_weight_channel()
+        per_gpu = get_transport(transport).sender.per_gpu
+        if self.rank != 0 and not per_gpu:
+            return None
+        gpu = ""
+        if per_gpu:
+            from megatron_pc.weight_sync.cuda_ipc import this_gpu
+
+            gpu = this_gpu()
+            receivers = [f"the engine worker on GPU {gpu}"]
         device = platform.device() if platform.on_gpu() else "cpu"
         self.sender = open_sender(transport, ray.util.get_node_ip_address(), receivers, device=device, timeout_s=timeout_s)
-        return self.sender.address
+        return {"address": self.sender.address, "gpu": gpu}
 
     def connect_weight_channel(self) -> None:
-        """Rank 0: wait for the engine workers to join (forms the broadcast group)."""
-        self._sender().connect()
+        """Wait for the engine workers to join (forms the broadcast group); a rank that does not
+        send has nothing to wait for."""
+        if self.sender is not None:
+            self.sender.connect()
 
     def close_weight_channel(self) -> None:
-        """Rank 0: drop the channel, if any."""
+        """Drop this rank's channel, if any."""
         if self.sender is not None:
             self.sender.close()
         self.sender = None
 
-    def _sender(self) -> Any:
-        if self.sender is None:
-            raise RuntimeError(f"policy rank {self.rank}: no weight-sync channel is open")
-        return self.sender
-
     def push_weights(self, bucket_bytes: int) -> Iterator[Any]:
-        """Collective: every rank gathers the HF tensors; rank 0 streams one payload per bucket
-        of about ``bucket_bytes`` through its channel's sender (which waits for acknowledgements
-        to keep at most two buckets in flight); the other ranks yield nothing."""
-        if self.rank != 0:
+        """Collective: every rank gathers the HF tensors; a rank with a sender (rank 0, or every
+        rank per GPU) streams one payload per bucket of about ``bucket_bytes`` through it (the
+        sender waits for acknowledgements to keep at most two buckets in flight); the other
+        ranks take part and yield nothing."""
+        sender = self.sender
+        if sender is None:
             for _ in self._buckets(bucket_bytes, to_cpu=False):
                 pass
             return
-        sender = self._sender()
-        yield from sender.stream(self._buckets(bucket_bytes, to_cpu=sender.on_cpu))
+        yield from sender.stream(self._buckets(bucket_bytes, to_cpu=sender.on_cpu, every_rank=sender.per_gpu))
 
     def weight_sync_stats(self) -> dict[str, Any]:
-        """Rank 0: what its sender measured in the last sync (buckets and bytes in flight)."""
-        return asdict(self._sender().stats)
+        """What this rank's sender measured in the last sync (buckets and bytes in flight)."""
+        if self.sender is None:
+            raise RuntimeError(f"policy rank {self.rank}: no weight-sync channel is open")
+        return asdict(self.sender.stats)
 
 
 class EngineActor:

@@ -148,14 +148,15 @@ class EngineGroup:
         """Every engine's receive ends, in engine order: ranks 1, 2, ... of a weight-sync channel."""
         return [name for engine in self.engines for name in engine.weight_receivers]
 
-    def join_weight_channel(self, transport: str, address: str, timeout_s: float) -> None:
+    def join_weight_channel(self, transport: str, address: str, timeout_s: float, by_gpu: dict[str, str] | None = None) -> None:
         """Every engine joins the channel at ``address`` (all at once when concurrent, as a
-        broadcast group needs); engine k's workers take the ranks after engine k-1's."""
+        broadcast group needs); engine k's workers take the ranks after engine k-1's. Per GPU
+        (``by_gpu``: a channel address per GPU UUID) each worker joins the one on its GPU."""
         firsts, rank = [], 1
         for engine in self.engines:
             firsts.append(rank)
             rank += len(engine.weight_receivers)
-        self._each(lambda k, engine: engine.join_weight_channel(ChannelSpec(transport, address, firsts[k], rank, timeout_s)))
+        self._each(lambda k, engine: engine.join_weight_channel(ChannelSpec(transport, address, firsts[k], rank, timeout_s, by_gpu)))
 
     def restart(self, index: int, named_tensors: Iterable[tuple[str, "torch.Tensor"]] | None = None) -> None:
         """Replace engine ``index`` by a fresh one; push ``named_tensors`` into it when given.

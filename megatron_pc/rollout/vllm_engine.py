@@ -7,7 +7,10 @@ reaches the worker directly (``LLM.llm_engine.engine_core`` is an ``InprocClient
 executor's driver worker is a ``WorkerWrapperBase`` that forwards attribute look-ups to the
 CPU/GPU ``Worker``). With ``tensor_parallel > 1`` the workers are processes of vLLM's
 multiprocessing executor: ``collective_rpc`` pickles its arguments to each of them, so a push
-sends the bucket as a list (each worker loads its own shard of every full tensor).
+of (name, tensor) pairs sends the bucket as a list (each worker loads its own shard of every
+full tensor). A push through a weight-sync channel runs a function of
+``megatron_pc.weight_sync.engine_side`` in every worker (``collective_rpc`` with a callable):
+each worker receives the bucket itself.
 
 Facts this file relies on (vLLM 0.32, read from its source and checked by the tests):
 - Weight push: ``Worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)``

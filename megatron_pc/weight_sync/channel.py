@@ -45,13 +45,26 @@ class BucketPayload:
 @dataclass(frozen=True)
 class ChannelSpec:
     """How an engine joins a sender's channel: its workers take ranks ``first_rank ..
-    first_rank + workers - 1`` of ``size`` (the sender is rank 0)."""
+    first_rank + workers - 1`` of ``size`` (the sender is rank 0).
+
+    Per GPU (``by_gpu``, CUDA IPC): each policy rank hosts a channel of its own, listed by its
+    GPU's UUID; a worker joins the one on its GPU as rank 1 of 2."""
 
     transport: str
     address: str
     first_rank: int
     size: int
     timeout_s: float
+    by_gpu: dict[str, str] | None = None
+
+    def for_gpu(self, uuid: str, who: str) -> "ChannelSpec":
+        """The spec of the channel on GPU ``uuid`` (this one when not per GPU)."""
+        if self.by_gpu is None:
+            return self
+        if uuid not in self.by_gpu:
+            raise TransportError(f"{who}: no policy rank sends weights on this worker's GPU {uuid} (policy ranks are on "
+                                 f"{', '.join(self.by_gpu)}): cuda_ipc needs every engine worker on a policy rank's GPU")
+        return ChannelSpec(self.transport, self.by_gpu[uuid], 1, 2, self.timeout_s)
 
 
 def receiver_names(engine: str, workers: int) -> list[str]:
@@ -135,6 +148,9 @@ class Sender(abc.ABC):
     transport: ClassVar[str]
     on_cpu: ClassVar[bool] = False
     """Whether the buckets it streams must hold CPU tensors."""
+    per_gpu: ClassVar[bool] = False
+    """Whether every policy rank holds a sender, each feeding the engine worker on its own GPU
+    (with full tensors gathered in its TP group); otherwise rank 0 alone sends to every worker."""
 
     def __init__(self, rendezvous: Rendezvous, receivers: Sequence[str], device: torch.device | str = "cpu", window: int = WINDOW) -> None:
         self.rendezvous = rendezvous

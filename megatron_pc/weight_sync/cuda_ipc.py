@@ -32,6 +32,33 @@ class SharedBucket(BucketPayload):
     """UUID of the sender's GPU: device indices differ between processes (CUDA_VISIBLE_DEVICES)."""
 
 
+@dataclass
+class PerGpuBucket(BucketPayload):
+    """Bucket ``index`` as every policy rank shared it on its own GPU: each engine worker loads
+    the one on its GPU (the same tensors everywhere: each rank gathered them in its TP group)."""
+
+    shared: list[SharedBucket]
+
+    @classmethod
+    def of(cls, shared: list[SharedBucket]) -> "PerGpuBucket":
+        """The per-rank payloads of one bucket, checked to be the same bucket."""
+        first = shared[0]
+        for other in shared[1:]:
+            if (other.index, other.meta) != (first.index, first.meta):
+                raise TransportError(f"policy ranks shared different weight buckets at once: bucket {first.index} ({describe(first.meta)}) "
+                                     f"and bucket {other.index} ({describe(other.meta)})")
+        return cls(first.sync, first.index, first.meta, list(shared))
+
+    def on(self, uuid: str, who: str) -> SharedBucket:
+        """The copy on the GPU with ``uuid``."""
+        for shared in self.shared:
+            if shared.device_uuid == uuid:
+                return shared
+        raise TransportError(f"{who}: no policy rank shared weight bucket {self.index} on this worker's GPU {uuid} "
+                             f"(shared on {', '.join(s.device_uuid for s in self.shared)}): cuda_ipc needs every engine "
+                             "worker on a policy rank's GPU (cluster.placement=colocated)")
+
+
 _DEVICE_ARG = 6
 """Position of the device index in ``rebuild_cuda_tensor``'s arguments (torch 2.x)."""
 
@@ -48,10 +75,19 @@ def _local_index(uuid: str, who: str) -> int:
     raise TransportError(f"{who}: the sender's GPU {uuid} is not visible in this process: cuda_ipc needs the engine on the policy's GPU")
 
 
+def this_gpu() -> str:
+    """The UUID of this process's current GPU."""
+    return _device_uuid(torch.cuda.current_device())
+
+
 class IpcSender(Sender):
-    """A policy rank's end of a CUDA IPC channel to the engine worker(s) that see its GPU."""
+    """A policy rank's end of a CUDA IPC channel to the engine worker(s) that see its GPU.
+
+    In a run every policy rank holds one (``per_gpu``): its receiver is the engine worker on
+    its own GPU, and it shares the full tensors its TP group gathered."""
 
     transport = "cuda_ipc"
+    per_gpu = True
 
     def __init__(self, rendezvous: Rendezvous, receivers: Sequence[str], device: torch.device | str = "cuda", window: int = IPC_WINDOW) -> None:
         super().__init__(rendezvous, receivers, device, window)
@@ -89,6 +125,8 @@ class IpcReceiver(Receiver):
     def receive(self, payload: BucketPayload) -> list[tuple[str, torch.Tensor]]:
         """(name, tensor) pairs viewing the sender's buffer; call :meth:`done` once they are
         loaded and no longer referenced."""
+        if isinstance(payload, PerGpuBucket):
+            payload = payload.on(this_gpu(), self.name)
         shared: SharedBucket = self._check(payload, SharedBucket)
         rebuild, args = shared.handle
         args = list(args)

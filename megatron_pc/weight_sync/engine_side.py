@@ -38,7 +38,12 @@ def join_in_worker(worker: Any, spec: ChannelSpec, engine: str) -> str:
     leave_in_worker(worker)
     rank, workers = _tp_rank()
     name = receiver_names(engine, workers)[rank]
-    receiver = join_receiver(spec.transport, spec.address, spec.first_rank + rank, spec.size, name, device=_device(), timeout_s=spec.timeout_s)
+    first = spec.first_rank + rank
+    if spec.by_gpu is not None:  # per GPU: the channel of the policy rank on this worker's GPU, as its only receiver
+        from megatron_pc.weight_sync.cuda_ipc import this_gpu
+
+        spec, first = spec.for_gpu(this_gpu(), name), 1
+    receiver = join_receiver(spec.transport, spec.address, first, spec.size, name, device=_device(), timeout_s=spec.timeout_s)
     setattr(worker, _RECEIVER, receiver)
     return name
 

@@ -23,12 +23,12 @@ def sync_weights(policy: Any, engines: Any, bucket_mb: int, transport: str = "ob
     k+1; rank 0's sender puts bucket k+2 only after every engine worker acknowledged bucket k.
     Returns seconds and MB moved, and what the sender measured in flight.
     """
-    get_transport(transport)  # an unknown name fails here, naming the choices
+    per_gpu = get_transport(transport).sender.per_gpu  # an unknown name fails here, naming the choices
     start = time.perf_counter()
     _connect(policy, engines, transport)
     moved = 0
     try:
-        for payload in policy.push_weights(bucket_mb * 2**20):
+        for payload in policy.push_weights(bucket_mb * 2**20, per_gpu=per_gpu):
             moved += engines.update_weights(payload)[0].bytes  # an engine that died raises its EngineError
     except Exception:
         _abort(policy)
@@ -43,16 +43,17 @@ def sync_weights(policy: Any, engines: Any, bucket_mb: int, transport: str = "ob
 
 
 def _abort(policy: Any) -> None:
-    """An engine failed mid-sync: stop rank 0's sender from waiting for acknowledgements that
-    will never come (it finishes its gathers and ends), and forget the channel."""
+    """An engine failed mid-sync: stop the senders from waiting for acknowledgements that will
+    never come (they finish their gathers and end), and forget the channel."""
     if policy.weight_channel is None:
         return
-    address = policy.weight_channel[2]
+    addresses = policy.weight_channel[2]
     policy.weight_channel = None
-    try:
-        Rendezvous.join(address, timeout_s=30.0).abort()
-    except TransportError:
-        logger.warning("weight sync: could not abort the channel at %s", address, exc_info=True)
+    for address in addresses:
+        try:
+            Rendezvous.join(address, timeout_s=30.0).abort()
+        except TransportError:
+            logger.warning("weight sync: could not abort the channel at %s", address, exc_info=True)
 
 
 def _connect(policy: Any, engines: Any, transport: str) -> None:
@@ -62,7 +63,13 @@ def _connect(policy: Any, engines: Any, transport: str) -> None:
     if policy.weight_channel is not None and policy.weight_channel[:2] == key:
         return
     receivers = engines.weight_receivers
+    opened: list[str] = []
+
+    def join(address: str, by_gpu: dict[str, str] | None) -> None:
+        opened.extend(by_gpu.values() if by_gpu else [address])
+        engines.join_weight_channel(transport, address, DEFAULT_TIMEOUT_S, by_gpu)
+
     address = policy.open_weight_channel(transport, receivers, DEFAULT_TIMEOUT_S,
-                                         join=lambda address: engines.join_weight_channel(transport, address, DEFAULT_TIMEOUT_S))
-    policy.weight_channel = (*key, address)
+                                         join=join)
+    policy.weight_channel = (*key, tuple(opened))
     logger.info("weight sync: %s channel at %s to %s", transport, address, ", ".join(receivers))
