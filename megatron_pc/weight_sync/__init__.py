@@ -13,9 +13,10 @@ yields one typed :class:`~.channel.BucketPayload`, which the driver hands to eve
 - ``broadcast``: the payload is the bucket's metadata; the bytes go over a process group of
   policy rank 0 and every engine worker, made directly from the channel's ``TCPStore`` (gloo
   on CPU, NCCL on GPU), so the default process groups of Megatron and vLLM are left alone.
-- ``cuda_ipc``: the payload is a CUDA IPC handle of the bucket packed on the sender's GPU;
-  each worker that sees that GPU maps it, loads it and acknowledges; the sender frees a buffer
-  only after every acknowledgement and keeps at most two alive.
+- ``cuda_ipc`` (per GPU): every policy rank gathers the full tensors in its TP group and packs
+  each bucket on its GPU; the payload (a ``PerGpuBucket``) holds every rank's CUDA IPC handle,
+  and the worker on each GPU maps the one on its GPU, loads it and acknowledges; each rank
+  frees a buffer only after the acknowledgement and keeps at most two alive.
 
 Every wait has a timeout; a peer that never joins or stops acknowledging makes the sender fail
 with a :class:`~.buckets.TransportError` naming it and the bucket. The driver aborts a sync in
