@@ -139,5 +139,7 @@ class IpcReceiver(Receiver):
 
     def done(self, payload: BucketPayload) -> None:
         """Tell the sender the bucket is loaded (after the copies finished)."""
+        if isinstance(payload, PerGpuBucket):
+            payload = payload.on(this_gpu(), self.name)  # acknowledged as its own sender counts it
         torch.cuda.synchronize()
         super().done(payload)
