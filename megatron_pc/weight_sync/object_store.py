@@ -11,6 +11,7 @@ import torch
 
 from megatron_pc.weight_sync.buckets import Bucket, bucket_meta
 from megatron_pc.weight_sync.channel import BucketPayload, Receiver, Sender
+from megatron_pc.weight_sync.rendezvous import Rendezvous
 
 
 @dataclass
@@ -37,8 +38,8 @@ class ObjectStoreReceiver(Receiver):
 
     transport = "object_store"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, rendezvous: Rendezvous, rank: int, size: int, name: str, device: torch.device | str = "cpu") -> None:
+        super().__init__(rendezvous, rank, size, name, device)
         self.announce()
 
     def receive(self, payload: BucketPayload) -> list[tuple[str, torch.Tensor]]:
