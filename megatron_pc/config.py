@@ -59,6 +59,10 @@ class Config:
         strategy.check_generation_ranks(self.allocation, self.rollout.engines, field_prefix="allocation")
         self.reward.check_max_tokens(self.rollout.max_tokens, field_prefix="reward")
         self.rollout.check_placement(self.cluster.colocated, field_prefix="rollout")
+        if self.rollout.weight_transport == "cuda_ipc" and self.model.pipeline_parallel != 1:
+            raise ConfigError("rollout.weight_transport", "cuda_ipc needs model.pipeline_parallel 1: every policy rank hands the "
+                              f"engine worker on its GPU the whole model, and a pipeline stage holds only its layers; got "
+                              f"{self.model.pipeline_parallel}; use object_store")
         if self.training.pipelined and self.cluster.colocated:
             raise ConfigError("training.pipelined", "needs cluster.placement=split: colocated engines sleep while the policy trains, "
                               "so generation cannot overlap training")  # fmt: skip

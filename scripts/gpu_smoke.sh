@@ -45,6 +45,7 @@ SELECTION=(
   "tests/gpu/test_megatron_gpu.py::test_export_to_hf_names_and_back_is_bit_exact[qwen3]"
   "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_hands_buckets_to_another_process_on_the_same_gpu_bit_identical"
   "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_sender_fails_naming_the_bucket_when_the_engine_never_acknowledges"
+  "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_per_gpu_bucket_reaches_the_worker_on_that_gpu_through_its_own_channel"
 )
 
 say() { echo "gpu_smoke: $*" >&2; }

@@ -42,6 +42,7 @@ from megatron_pc.rollout.base import (
     WeightPushStats,
 )
 from megatron_pc.rollout.group import EngineGroup
+from megatron_pc.weight_sync.channel import BucketPayload, ChannelSpec, receiver_names
 from megatron_pc.cluster.workers import EngineActor, MegatronRank
 
 logger = logging.getLogger(__name__)
@@ -262,8 +263,8 @@ class MegatronGroup:
         self.dp_of_rank: list[int] = []
         """The data-parallel group of each rank (its TP/PP peers share that group's rows)."""
         self.data_parallel = 0
-        self.weight_channel: tuple[str, tuple[Any, ...]] | None = None
-        """(transport, the engines it reaches) of the channel rank 0 has open, if any."""
+        self.weight_channel: tuple[str, tuple[Any, ...], tuple[str, ...]] | None = None
+        """(transport, the engines it reaches, the senders' addresses) of the open channel, if any."""
 
     def wait_ready(self) -> None:
         """Wait until every rank has started; learn the ranks' data-parallel layout."""
@@ -321,15 +322,40 @@ class MegatronGroup:
                 raise WorkerDiedError(f"{self.label} rank {index[ready[0]]}", method, err) from None
         return ray.get(refs)
 
-    def export_buckets(self, bucket_bytes: int, method: str = "export_buckets") -> Iterator[Any]:
-        """Object refs of what rank 0's streaming ``method`` yields per weight bucket (the
-        bucket, its metadata or its CUDA IPC handle); the other ranks take part in collectives."""
+    # ---- weight sync: rank 0 sends, or every rank per GPU (megatron_pc.weight_sync) -----------
+    def open_weight_channel(self, transport: str, receivers: list[str], timeout_s: float, join: Any) -> str:
+        """Rank 0 (every rank, per GPU) hosts a new ``transport`` channel; ``join(address,
+        by_gpu)`` makes the engine workers join while the ranks wait for them (a broadcast group
+        forms only with all present). ``by_gpu``: each rank's address by its GPU's UUID, or
+        None. Returns rank 0's address."""
+        opened = self._gather([a.open_weight_channel.remote(transport, receivers, timeout_s) for a in self.actors], "open_weight_channel")
+        senders = [o for o in opened if o is not None]
+        by_gpu = {o["gpu"]: o["address"] for o in senders} if len(senders) > 1 or senders[0]["gpu"] else None
+        connected = [a.connect_weight_channel.remote() for a in self.actors]
+        join(senders[0]["address"], by_gpu)
+        self._gather(connected, "connect_weight_channel")
+        return senders[0]["address"]
+
+    def push_weights(self, bucket_bytes: int, per_gpu: bool = False) -> Iterator[Any]:
+        """Per weight bucket: the object ref of rank 0's payload, or, ``per_gpu``, one
+        PerGpuBucket of every rank's payload (CUDA IPC handles, small); the ranks that send
+        nothing take part in the gathers."""
         ray = _import_ray()
-        streams = [getattr(a, method).options(num_returns="streaming").remote(bucket_bytes) for a in self.actors]
-        yield from streams[0]
-        for other in streams[1:]:
-            for ref in other:  # drain: non-zero ranks yield nothing, but must finish
+        from megatron_pc.weight_sync.cuda_ipc import PerGpuBucket
+
+        streams = [a.push_weights.options(num_returns="streaming").remote(bucket_bytes) for a in self.actors]
+        if per_gpu:
+            for refs in zip(*streams):
+                yield PerGpuBucket.of(ray.get(list(refs)))
+        else:
+            yield from streams[0]
+        for stream in streams:
+            for ref in stream:  # drain: the streams must finish (and raise what they raised)
                 ray.get(ref)
+
+    def weight_sync_stats(self) -> dict[str, Any]:
+        """What rank 0's sender measured in the last sync (SyncStats as a dict)."""
+        return self._gather([self.actors[0].weight_sync_stats.remote()], "weight_sync_stats")[0]
 
 
 class WorkerDiedError(MegatronPCError):
@@ -367,6 +393,7 @@ class RayEngine(RolloutEngine):
     def __init__(self, cfg: Config, placement: Placement, model_path: str, index: int, actor_class: type = EngineActor) -> None:
         """Starts the actor and returns once it is ready (the group starts all engines at once)."""
         self.name = f"engine{index}"
+        self.workers = cfg.rollout.tensor_parallel
         actor_cls = _remote_class(actor_class).options(**placement.engine_options(index))
         self.actor = actor_cls.remote(model_path, cfg.rollout, self.name, cfg.seed + index, cfg.data.max_prompt_tokens)
         self._alive = True
@@ -392,10 +419,21 @@ class RayEngine(RolloutEngine):
         """Engine log-probs of given sequences."""
         return self.result(self.actor.score.remote([list(s) for s in sequences]))
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> WeightPushStats:
-        """Load one bucket (a list or a Ray object ref of one) into the engine."""
-        bucket = named_tensors if isinstance(named_tensors, _import_ray().ObjectRef) else list(named_tensors)
-        return WeightPushStats(**self.result(self.actor.update_weights.remote(bucket)))
+    def update_weights(self, weights: Any) -> WeightPushStats:
+        """Load (name, tensor) pairs, or one bucket payload of the joined weight-sync channel (a
+        BucketPayload, or the Ray ObjectRef of one, which the actor receives resolved)."""
+        if isinstance(weights, Iterable) and not isinstance(weights, (list, BucketPayload)):
+            weights = list(weights)
+        return WeightPushStats(**self.result(self.actor.update_weights.remote(weights)))
+
+    @property
+    def weight_receivers(self) -> list[str]:
+        """One receive end per vLLM worker of the engine."""
+        return receiver_names(self.name, self.workers)
+
+    def join_weight_channel(self, spec: ChannelSpec) -> None:
+        """The engine's workers join a policy rank's weight-sync channel."""
+        self.result(self.actor.join_weight_channel.remote(spec))
 
     @property
     def alive(self) -> bool:

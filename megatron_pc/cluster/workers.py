@@ -61,7 +61,7 @@ class MegatronRank:
         self.rank = rank
         self.rows: Any = None  # this DP group's share of the step (StepRows) and its sequences
         self.seqs: list[Any] = []
-        self.sender: Any = None  # rank 0's weight-sync channel (broadcast / cuda_ipc)
+        self.sender: Any = None  # rank 0's end of the weight-sync channel (megatron_pc.weight_sync Sender)
         self.worker = (PolicyWorker(model_cfg, train_cfg) if trainable else
                        ReferenceWorker(model_cfg, micro_batch_tokens=train_cfg.micro_batch_tokens,
                                        logprob_chunk_tokens=train_cfg.logprob_chunk_tokens, sequence_parallel=train_cfg.sequence_parallel))
@@ -152,69 +152,70 @@ class MegatronRank:
 
         load_checkpoint(self.worker, path)
 
-    def _buckets(self, bucket_bytes: int, *, to_cpu: bool) -> Iterator[list[tuple[str, Any]]]:
-        """HF-named full tensors in buckets of about ``bucket_bytes`` (collective; rank 0 yields)."""
+    def _buckets(self, bucket_bytes: int, *, to_cpu: bool, every_rank: bool = False) -> Iterator[list[tuple[str, Any]]]:
+        """HF-named full tensors in buckets of about ``bucket_bytes`` (collective; rank 0 yields,
+        or every rank with ``every_rank``)."""
         from megatron_pc.models.export import iter_hf_tensors
         from megatron_pc.weight_sync.buckets import buckets_by_layer
 
-        tensors = ((name, t.detach().cpu().contiguous() if to_cpu else t.detach()) for name, t in iter_hf_tensors(self.worker.module, self.worker.arch))
+        named = iter_hf_tensors(self.worker.module, self.worker.arch, every_rank=every_rank)
+        tensors = ((name, t.detach().cpu().contiguous() if to_cpu else t.detach()) for name, t in named)
         yield from buckets_by_layer(tensors, bucket_bytes)
 
-    def export_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
-        """Buckets of CPU tensors for the object store (collective; rank 0 yields).
-
-        A generator so that the driver can push bucket k to the engines while bucket k+1 is
-        being gathered, and memory stays near one bucket.
-        """
-        yield from self._buckets(bucket_bytes, to_cpu=True)
-
-    # ---- broadcast / CUDA IPC weight sync (rank 0 is the sender; see megatron_pc.weight_sync) ----
-    def open_weight_channel(self, transport: str, receivers: list[str], timeout_s: float) -> str:
-        """Rank 0: host a new channel to the named engines (closing any old one); returns the
-        address the engines join."""
+    # ---- weight sync (see megatron_pc.weight_sync) ----------------------------------------------
+    def open_weight_channel(self, transport: str, receivers: list[str], timeout_s: float) -> dict[str, str] | None:
+        """Host a new channel (closing any old one): rank 0 to every engine worker in
+        ``receivers``, or, for a per-GPU transport (cuda_ipc), every rank to the engine worker
+        on its GPU. Returns {"address": where receivers join, "gpu": this GPU's UUID or ""}, or
+        None on a rank that does not send."""
         import ray
 
         from megatron_pc import platform
-        from megatron_pc.weight_sync.transports import open_sender
+        from megatron_pc.weight_sync.transports import get_transport, open_sender
 
-        if self.rank != 0:
-            raise RuntimeError(f"policy rank {self.rank}: only rank 0 sends weights")
         self.close_weight_channel()
+        per_gpu = get_transport(transport).sender.per_gpu
+        if self.rank != 0 and not per_gpu:
+            return None
+        gpu = ""
+        if per_gpu:
+            from megatron_pc.weight_sync.cuda_ipc import this_gpu
+
+            gpu = this_gpu()
+            receivers = [f"the engine worker on GPU {gpu}"]
         device = platform.device() if platform.on_gpu() else "cpu"
         self.sender = open_sender(transport, ray.util.get_node_ip_address(), receivers, device=device, timeout_s=timeout_s)
-        return self.sender.address
+        return {"address": self.sender.address, "gpu": gpu}
 
     def connect_weight_channel(self) -> None:
-        """Rank 0: wait for the engines to join (forms the broadcast group)."""
-        self._sender().connect()
+        """Wait for the engine workers to join (forms the broadcast group); a rank that does not
+        send has nothing to wait for."""
+        if self.sender is not None:
+            self.sender.connect()
 
     def close_weight_channel(self) -> None:
-        """Rank 0: drop the channel, if any."""
+        """Drop this rank's channel, if any."""
         if self.sender is not None:
             self.sender.close()
         self.sender = None
 
-    def _sender(self) -> Any:
+    def push_weights(self, bucket_bytes: int) -> Iterator[Any]:
+        """Collective: every rank gathers the HF tensors; a rank with a sender (rank 0, or every
+        rank per GPU) streams one payload per bucket of about ``bucket_bytes`` through it (the
+        sender waits for acknowledgements to keep at most two buckets in flight); the other
+        ranks take part and yield nothing."""
+        sender = self.sender
+        if sender is None:
+            for _ in self._buckets(bucket_bytes, to_cpu=False):
+                pass
+            return
+        yield from sender.stream(self._buckets(bucket_bytes, to_cpu=sender.on_cpu, every_rank=sender.per_gpu))
+
+    def weight_sync_stats(self) -> dict[str, Any]:
+        """What this rank's sender measured in the last sync (buckets and bytes in flight)."""
         if self.sender is None:
             raise RuntimeError(f"policy rank {self.rank}: no weight-sync channel is open")
-        return self.sender
-
-    def broadcast_buckets(self, bucket_bytes: int) -> Iterator[list[Any]]:
-        """Collective: rank 0 yields each bucket's metadata, then broadcasts the bucket (the
-        driver hands the metadata to the engines, which receive it); other ranks yield nothing."""
-        from megatron_pc.weight_sync.buckets import bucket_meta
-
-        for bucket in self._buckets(bucket_bytes, to_cpu=False):
-            yield bucket_meta(bucket)
-            self._sender().send(bucket)
-
-    def share_buckets(self, bucket_bytes: int) -> Iterator[Any]:
-        """Collective: rank 0 yields a CUDA IPC handle per bucket (keeping its buffer until the
-        engine acknowledges it); other ranks yield nothing."""
-        for bucket in self._buckets(bucket_bytes, to_cpu=False):
-            yield self._sender().share(bucket)
-        if self.rank == 0:
-            self._sender().finish()
+        return asdict(self.sender.stats)
 
 
 class EngineActor:
@@ -227,7 +228,6 @@ class EngineActor:
         from megatron_pc.rollout.vllm_engine import VllmEngine
 
         self.engine = VllmEngine(model_path, rollout_cfg, name=name, seed=seed, max_prompt_tokens=max_prompt_tokens)
-        self.receiver: Any = None  # its end of policy rank 0's weight-sync channel, once joined
 
     def ready(self) -> str:
         """The engine's name once it started."""
@@ -245,43 +245,13 @@ class EngineActor:
         """Log-probs of given sequences under the engine's current weights."""
         return self.engine.score(sequences)
 
-    def update_weights(self, bucket: list[tuple[str, Any]]) -> dict[str, float]:
-        """Load one bucket of HF-named tensors."""
-        return asdict(self.engine.update_weights(bucket))
+    def update_weights(self, weights: Any) -> dict[str, float]:
+        """Load (name, tensor) pairs or one bucket payload of the joined weight-sync channel."""
+        return asdict(self.engine.update_weights(weights))
 
-    def join_weight_channel(self, transport: str, address: str, rank: int, size: int, timeout_s: float) -> None:
-        """Join policy rank 0's broadcast or CUDA IPC channel as ``rank`` (blocks until the
-        broadcast group formed)."""
-        from megatron_pc import platform
-        from megatron_pc.weight_sync.transports import join_receiver
-
-        self.close_weight_channel()
-        device = platform.device() if platform.on_gpu() else "cpu"
-        self.receiver = join_receiver(transport, address, rank, size, self.engine.name, device=device, timeout_s=timeout_s)
-
-    def close_weight_channel(self) -> None:
-        """Leave the channel, if any."""
-        if self.receiver is not None:
-            self.receiver.close()
-        self.receiver = None
-
-    def receive_bucket(self, meta: list[Any]) -> dict[str, float]:
-        """Receive one broadcast bucket laid out as ``meta`` and load it."""
-        return asdict(self.engine.update_weights(self._receiver().receive(meta)))
-
-    def load_shared_bucket(self, shared: Any) -> dict[str, float]:
-        """Map one CUDA IPC bucket, load it, and acknowledge it so the sender can free it."""
-        receiver = self._receiver()
-        pairs = receiver.open(shared)
-        stats = asdict(self.engine.update_weights(pairs))
-        del pairs  # drop our mapping of the sender's memory before saying we are done
-        receiver.acknowledge(shared)
-        return stats
-
-    def _receiver(self) -> Any:
-        if self.receiver is None:
-            raise RuntimeError(f"engine {self.engine.name}: it has not joined a weight-sync channel")
-        return self.receiver
+    def join_weight_channel(self, spec: Any) -> None:
+        """Every vLLM worker of the engine joins a policy rank's channel (a ChannelSpec)."""
+        self.engine.join_weight_channel(spec)
 
     def sleep(self) -> None:
         """Free accelerator memory while the policy trains."""
@@ -292,6 +262,5 @@ class EngineActor:
         self.engine.wake()
 
     def shutdown(self) -> None:
-        """Release the engine and leave any weight-sync channel."""
-        self.close_weight_channel()
+        """Release the engine (its workers leave any weight-sync channel)."""
         self.engine.shutdown()

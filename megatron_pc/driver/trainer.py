@@ -91,7 +91,7 @@ class Trainer:
         warn_uncorrected_lag(cfg.training)
         # Refuse GPUs this Python cannot use, and a transport the devices cannot serve, before any worker starts.
         gpu = devices.use_gpus()
-        self.transport = cfg.rollout.resolve_transport(use_gpu=gpu, colocated=cfg.cluster.colocated)
+        self.transport = cfg.rollout.resolve_transport(use_gpu=gpu, colocated=cfg.cluster.colocated, pipeline_parallel=cfg.model.pipeline_parallel)
         self.sync_check = SyncCheck(cfg.rollout, pair_precision(cfg.model.params_dtype, cfg.rollout.dtype, gpu, str(data.model_path)))
 
     def on_signal(self, signum: int, _frame: Any) -> None:

@@ -24,7 +24,9 @@ It is an analytic model. Every input is printed with where it comes from:
 * **Training** (old log-probs, the update: 4 forward passes' FLOPs over every trained token)
   runs on the policy's GPUs at ``--train-mfu`` (a GPU run of `megatron-pc bench step --json`
   measures it: ``--from-bench-step``).
-* **Weight sync**: the bf16 weights at ``--sync-gbps``. **Fixed overhead per step** (engine
+* **Weight sync**: the bf16 weights at ``--sync-gbps`` in the step; below the table, the refit
+  projected per transport from its stages' bytes and stated link bandwidths
+  (:mod:`megatron_pc.launch.refit`). **Fixed overhead per step** (engine
   sleep / wake, reward grading, the controller): ``--overhead-s``.
 
 A step's rounds run one after another, each one engine call (two for Pilot-Commit with
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_pc.errors import MegatronPCError
+from megatron_pc.launch.refit import Links, format_refit, refit
 from megatron_pc.models.shapes import ModelShape
 from megatron_pc.metrics.mfu import PEAK_TFLOPS, forward_flops
 
@@ -149,7 +152,8 @@ def project(cfg: Any, shape: ModelShape, a: Assumptions) -> dict[str, Any]:
     pc = out["pilot_commit"]["step_s"]
     ratios = {name: out[name]["step_s"] / pc for name in ("grpo", "dapo")}
     return {"strategies": out, "step_ratio_vs_pilot_commit": ratios, "paper": PAPER_STEP_RATIOS, "assumptions": asdict(a),
-            "model": shape.name, "gpus": a.nodes * a.gpus_per_node}  # fmt: skip
+            "model": shape.name, "gpus": a.nodes * a.gpus_per_node,
+            "refit": refit(shape, cfg, Links.for_gpu(a.gpu, HBM_TBPS[a.gpu]), a.nodes)}  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -230,6 +234,7 @@ def format_projection(result: dict[str, Any], config: str) -> str:
     lines.append("")
     for name, ratio in result["step_ratio_vs_pilot_commit"].items():
         lines.append(f"{name} s/step / pilot_commit s/step: {ratio:.2f}x (paper: {result['paper'][name]:.2f}x)")
+    lines += ["", *format_refit(result["refit"])]
     lines += ["", "assumptions:"] + [f"  {k}: {v}" for k, v in a.items()]
     return "\n".join(lines)
 

@@ -55,16 +55,23 @@ def _full_shape(entry: name_maps.Entry, shape: tuple[int, ...], tp: int) -> tupl
 
 
 @torch.no_grad()
-def iter_hf_tensors(module: torch.nn.Module, arch: HFArch) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_hf_tensors(module: torch.nn.Module, arch: HFArch, *, every_rank: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, full tensor) for every weight of ``module`` on global rank 0.
 
     Collective: every rank of the model-parallel world must exhaust the iterator (other
     ranks yield nothing but take part in the gathers and sends). ``module`` is this rank's
     GPTModel, optionally wrapped in Megatron DDP. Tensors stay on the parameters' device and
     dtype; each is a fresh tensor (not a view of a parameter) unless TP=PP=1 and no layout
-    change applies. With tied embeddings only ``model.embed_tokens.weight`` is yielded."""
+    change applies. With tied embeddings only ``model.embed_tokens.weight`` is yielded.
+
+    ``every_rank`` (pipeline parallelism 1 only): every rank of every data-parallel replica
+    yields the full tensors, all-gathered within its TP group (the per-GPU CUDA IPC sync: each
+    rank feeds the engine worker on its own GPU)."""
     from megatron.core import parallel_state as ps
 
+    if every_rank:
+        yield from _iter_on_every_rank(module, arch)
+        return
     if ps.get_data_parallel_rank() != 0:
         return
     model = getattr(module, "module", module)
@@ -89,6 +96,21 @@ def iter_hf_tensors(module: torch.nn.Module, arch: HFArch) -> Iterator[tuple[str
                 dist.recv(full, src=stage_ranks[stage])
             if dist.get_rank() == 0:
                 yield from name_maps.hf_tensors(entry, layer, full, shapes)
+
+
+def _iter_on_every_rank(module: torch.nn.Module, arch: HFArch) -> Iterator[tuple[str, torch.Tensor]]:
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() != 1:
+        raise ValueError("full tensors on every rank need pipeline parallelism 1 (each stage holds only its layers)")
+    model = getattr(module, "module", module)
+    tp, tp_group = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_group()
+    shapes = shapes_of(arch, tp)
+    for name, shard in global_names(model):
+        entry, layer = name_maps.lookup(arch.family.name, arch.tie_embeddings, name)
+        if entry is name_maps.OUTPUT_TIED:
+            continue
+        yield from name_maps.hf_tensors(entry, layer, _full_tensor(entry, shard, tp, tp_group), shapes)
 
 
 def local_device(local: dict[str, torch.Tensor]) -> torch.device:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import torch
 
     from megatron_pc.rollout.config import RolloutConfig
+    from megatron_pc.weight_sync.channel import BucketPayload, ChannelSpec
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -130,8 +131,23 @@ class RolloutEngine(abc.ABC):
         """Log-prob of every token after the first given its prefix (temperature 1), per sequence."""
 
     @abc.abstractmethod
-    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> WeightPushStats:
-        """Load full tensors by Hugging Face name (any subset, in any order) into the running engine."""
+    def update_weights(self, weights: "Iterable[tuple[str, torch.Tensor]] | BucketPayload") -> WeightPushStats:
+        """Load full tensors by Hugging Face name (any subset, in any order) into the running
+        engine: given as pairs, or as one bucket's payload of the weight-sync channel the engine
+        joined (:meth:`join_weight_channel`), which its workers receive themselves."""
+
+    @property
+    def weight_receivers(self) -> list[str]:
+        """The engine's receive ends in a weight-sync channel (one per worker), in rank order."""
+        return [self.name]
+
+    def join_weight_channel(self, spec: "ChannelSpec") -> None:
+        """Join a sender's weight-sync channel (megatron_pc.weight_sync); an engine without
+        one takes its weights as pairs only."""
+        raise EngineError(self.name, f"cannot join a {spec.transport} weight-sync channel: it takes weights as (name, tensor) pairs only")
+
+    def leave_weight_channel(self) -> None:
+        """Leave the channel, if any."""
 
     @property
     def supports_sleep(self) -> bool:

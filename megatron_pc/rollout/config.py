@@ -38,14 +38,13 @@ class RolloutConfig:
     """Weight-sync bucket size in MiB."""
     weight_transport: Literal["auto", "object_store", "broadcast", "cuda_ipc"] = "auto"
     """How weight buckets go from policy rank 0 to the engines (docs/weight_sync.md).
-    ``object_store``: through Ray's object store as CPU tensors (works everywhere).
-    ``broadcast``: a process group of rank 0 and the engine actors, gloo on CPU, NCCL on GPU
-    (on GPU only with ``cluster.placement: split``: NCCL cannot hold two ranks on one GPU).
-    ``cuda_ipc``: GPU memory handed over in place, for one engine colocated on rank 0's GPU.
-    ``auto``: ``cuda_ipc`` colocated on GPUs with one engine, ``broadcast`` split on GPUs,
-    ``object_store`` otherwise (CPU runs, several colocated engines). ``broadcast`` and
-    ``cuda_ipc`` need ``tensor_parallel: 1``: the engine actor receives, and only an
-    in-process TP=1 engine holds the model there."""
+    ``object_store``: through Ray's object store as CPU tensors (works everywhere), at most
+    two buckets in flight. ``broadcast``: a process group of rank 0 and every engine worker,
+    gloo on CPU, NCCL on GPU (on GPU only with ``cluster.placement: split``: NCCL cannot hold
+    two ranks on one GPU). ``cuda_ipc``: colocated, every policy rank hands the engine worker
+    on its GPU its GPU memory in place (needs ``model.pipeline_parallel: 1``). ``auto``:
+    ``cuda_ipc`` colocated on GPUs, ``broadcast`` split on GPUs, ``object_store`` on CPU. Every transport serves engines of any ``tensor_parallel``: each vLLM worker
+    receives for itself."""
     engine_restarts: int = 3
     """Restarts of dead engines in a row (no engine call succeeding in between) before the run
     stops; a restarted engine gets the policy's weights and the failed call is replayed."""
@@ -109,11 +108,6 @@ class RolloutConfig:
             raise ConfigError("max_num_batched_tokens", f"must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_model_len is not None and self.max_model_len <= self.max_tokens:
             raise ConfigError("max_model_len", f"must exceed max_tokens ({self.max_tokens}) to leave room for a prompt, got {self.max_model_len}")
-        if self.weight_transport in ("broadcast", "cuda_ipc") and self.tensor_parallel != 1:
-            raise ConfigError("weight_transport", f"{self.weight_transport} needs tensor_parallel 1 (the engine actor receives the "
-                              f"weights; TP>1 engines hold them in vLLM worker processes), got {self.tensor_parallel}")
-        if self.weight_transport == "cuda_ipc" and self.engines != 1:
-            raise ConfigError("weight_transport", f"cuda_ipc serves one engine, the one on policy rank 0's GPU; got engines={self.engines}")
 
     def gap_warn(self, precision: str) -> float:
         """The warning threshold of the sync check for a trainer/engine pair computing in
@@ -123,19 +117,19 @@ class RolloutConfig:
     def check_placement(self, colocated: bool, field_prefix: str = "") -> None:
         """Transports that need a placement (``cluster.colocated``): cuda_ipc needs colocated."""
         if self.weight_transport == "cuda_ipc" and not colocated:
-            err = ConfigError("weight_transport", "cuda_ipc needs cluster.placement=colocated (the engine must share policy rank 0's GPU), "
+            err = ConfigError("weight_transport", "cuda_ipc needs cluster.placement=colocated (each engine worker must share a policy rank's GPU), "
                               "got split; use broadcast")
             raise err.within(field_prefix)
 
-    def resolve_transport(self, *, use_gpu: bool, colocated: bool, field_prefix: str = "rollout") -> str:
+    def resolve_transport(self, *, use_gpu: bool, colocated: bool, pipeline_parallel: int = 1, field_prefix: str = "rollout") -> str:
         """The transport this run uses once devices are known (``auto`` resolved); raises
         :class:`ConfigError` when the chosen one cannot work on them."""
         choice = self.weight_transport
         if choice == "auto":
-            if not use_gpu or self.tensor_parallel != 1:
+            if not use_gpu:
                 return "object_store"
-            if colocated:
-                return "cuda_ipc" if self.engines == 1 else "object_store"
+            if colocated:  # per-GPU IPC hands each worker the whole model: only without pipeline stages
+                return "cuda_ipc" if pipeline_parallel == 1 else "object_store"
             return "broadcast"
         if choice == "cuda_ipc" and not use_gpu:
             raise ConfigError("weight_transport", "cuda_ipc needs GPUs (it hands over GPU memory), and this run has none; "

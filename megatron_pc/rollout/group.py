@@ -20,10 +20,11 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from megatron_pc.weight_sync.channel import ChannelSpec
 from megatron_pc.rollout.base import (
     EngineError,
     GenerationRequest,
@@ -134,10 +135,28 @@ class EngineGroup:
         """Token log-probs of given sequences from every engine (to check each one's weights)."""
         return self._each(lambda _, engine: engine.score(sequences))
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> list[WeightPushStats]:
-        """Push the same tensors to every engine (materialised once when there are several)."""
-        items = named_tensors if len(self.engines) == 1 else list(named_tensors)
-        return self._each(lambda _, engine: engine.update_weights(items))
+    def update_weights(self, weights: Any) -> list[WeightPushStats]:
+        """Push the same weights to every engine (all at once when concurrent): (name, tensor)
+        pairs, materialised once when there are several engines, or one bucket of the joined
+        weight-sync channel (a payload, or what the engines resolve to one, e.g. a Ray ObjectRef)."""
+        if len(self.engines) > 1 and isinstance(weights, Iterable) and not isinstance(weights, (list, tuple)):
+            weights = list(weights)
+        return self._each(lambda _, engine: engine.update_weights(weights))
+
+    @property
+    def weight_receivers(self) -> list[str]:
+        """Every engine's receive ends, in engine order: ranks 1, 2, ... of a weight-sync channel."""
+        return [name for engine in self.engines for name in engine.weight_receivers]
+
+    def join_weight_channel(self, transport: str, address: str, timeout_s: float, by_gpu: dict[str, str] | None = None) -> None:
+        """Every engine joins the channel at ``address`` (all at once when concurrent, as a
+        broadcast group needs); engine k's workers take the ranks after engine k-1's. Per GPU
+        (``by_gpu``: a channel address per GPU UUID) each worker joins the one on its GPU."""
+        firsts, rank = [], 1
+        for engine in self.engines:
+            firsts.append(rank)
+            rank += len(engine.weight_receivers)
+        self._each(lambda k, engine: engine.join_weight_channel(ChannelSpec(transport, address, firsts[k], rank, timeout_s, by_gpu)))
 
     def restart(self, index: int, named_tensors: Iterable[tuple[str, "torch.Tensor"]] | None = None) -> None:
         """Replace engine ``index`` by a fresh one; push ``named_tensors`` into it when given.

@@ -7,7 +7,10 @@ reaches the worker directly (``LLM.llm_engine.engine_core`` is an ``InprocClient
 executor's driver worker is a ``WorkerWrapperBase`` that forwards attribute look-ups to the
 CPU/GPU ``Worker``). With ``tensor_parallel > 1`` the workers are processes of vLLM's
 multiprocessing executor: ``collective_rpc`` pickles its arguments to each of them, so a push
-sends the bucket as a list (each worker loads its own shard of every full tensor).
+of (name, tensor) pairs sends the bucket as a list (each worker loads its own shard of every
+full tensor). A push through a weight-sync channel runs a function of
+``megatron_pc.weight_sync.engine_side`` in every worker (``collective_rpc`` with a callable):
+each worker receives the bucket itself.
 
 Facts this file relies on (vLLM 0.32, read from its source and checked by the tests):
 - Weight push: ``Worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)``
@@ -42,6 +45,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from megatron_pc.weight_sync.channel import BucketPayload, ChannelSpec, receiver_names
+from megatron_pc.weight_sync.engine_side import join_in_worker, leave_in_worker, load_in_worker
 from megatron_pc.rollout.base import (
     EngineError,
     FinishReason,
@@ -268,24 +273,44 @@ class VllmEngine(RolloutEngine):
             result.append([pos[tok].logprob for pos, tok in zip(out.prompt_logprobs[1:], seq[1:])])
         return result
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> WeightPushStats:
-        """Reload the given HF-named full tensors in place, then drop KV computed with old weights."""
+    @property
+    def weight_receivers(self) -> list[str]:
+        """The receive ends of this engine in a weight-sync channel: one per vLLM worker."""
+        return receiver_names(self.name, self.config.tensor_parallel)
+
+    def join_weight_channel(self, spec: ChannelSpec) -> None:
+        """Every worker joins a sender's channel as rank ``spec.first_rank + its TP rank``
+        (blocks until the broadcast group formed)."""
+        llm = self._live_llm()
+        self._call(llm.collective_rpc, join_in_worker, args=(spec, self.name))
+
+    def leave_weight_channel(self) -> None:
+        """Every worker leaves its channel, if any."""
+        if self._llm is not None:
+            self._call(self._llm.collective_rpc, leave_in_worker)
+
+    def update_weights(self, weights: Iterable[tuple[str, "torch.Tensor"]] | BucketPayload) -> WeightPushStats:
+        """Reload HF-named full tensors in place, then drop KV computed with old weights.
+
+        ``weights``: (name, tensor) pairs, or one bucket's payload of the joined channel, which
+        every worker receives and loads itself (megatron_pc.weight_sync.engine_side).
+        """
         llm = self._live_llm()
         start = time.perf_counter()
-        # A list: the in-process worker (TP=1) iterates it, and vLLM's multiprocessing executor
-        # (TP>1) pickles it to every worker; either way it is counted here.
-        weights = list(named_tensors)
-        # vLLM then warns "RotaryEmbedding: Failed to load weights" on every push. Harmless: its
-        # layer-wise reload counts the rotary layer's cos/sin cache as loadable, but that cache
-        # is computed from rope_theta and never is a checkpoint weight, so vLLM puts the layer's
-        # own cache back (model_loader/reload/layerwise.py). The sync check after every push
-        # compares engine and trainer log-probs and would catch a rotary mismatch.
-        self._call(
-            llm.collective_rpc, "reload_weights",
-            kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
-        )
+        if isinstance(weights, BucketPayload):
+            tensors, size = self._call(llm.collective_rpc, load_in_worker, args=(weights,))[0]
+        else:
+            # A list: the in-process worker (TP=1) iterates it, and vLLM's multiprocessing
+            # executor (TP>1) pickles it to every worker; either way it is counted here.
+            pairs = list(weights)
+            # vLLM then warns "RotaryEmbedding: Failed to load weights" on every push. Harmless: its
+            # layer-wise reload counts the rotary layer's cos/sin cache as loadable, but that cache
+            # is computed from rope_theta and never is a checkpoint weight, so vLLM puts the layer's
+            # own cache back (model_loader/reload/layerwise.py). The sync check after every push
+            # compares engine and trainer log-probs and would catch a rotary mismatch.
+            self._call(llm.collective_rpc, "reload_weights", kwargs={"weights_iterator": pairs, "is_checkpoint_format": True})
+            tensors, size = len(pairs), sum(t.numel() * t.element_size() for _, t in pairs)
         self._call(llm.reset_prefix_cache)
-        tensors, size = len(weights), sum(t.numel() * t.element_size() for _, t in weights)
         stats = WeightPushStats(tensors, size, time.perf_counter() - start)
         logger.info("engine %s: pushed %d tensors, %.1f MB in %.2f s", self.name, stats.tensors, stats.bytes / 1e6, stats.seconds)
         return stats
@@ -311,6 +336,10 @@ class VllmEngine(RolloutEngine):
         if llm is None:
             return
         _LIVE_ENGINES.discard(id(self))
+        try:
+            llm.collective_rpc(leave_in_worker)
+        except Exception:  # a dead engine's workers may not answer; they go with it
+            logger.debug("engine %s: leaving the weight-sync channel failed", self.name, exc_info=True)
         try:
             _stop_engine_core(llm, last_in_process=not _LIVE_ENGINES)
         except Exception:  # a dead engine may fail to shut down; it is gone either way

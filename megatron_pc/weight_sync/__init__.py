@@ -1,38 +1,34 @@
-"""Weight sync: how the policy's weights travel from policy rank 0 to the engine actors.
+"""Weight sync: how the policy's weights travel from the policy to every engine worker.
 
-A bucket is a list of (HF name, full tensor). Three transports move it
-(``rollout.weight_transport``, one type each in :mod:`.transports`, registered by exact name;
-the driver side is :func:`megatron_pc.weight_sync.sync.sync_weights`):
+This package owns both ends of every transport. A bucket is a list of (HF name, full tensor)
+ending at a layer boundary. Each transport (``rollout.weight_transport``, registered by exact
+name in :mod:`.transports`) is a :class:`~.channel.Sender` that a policy rank holds and a
+:class:`~.channel.Receiver` that each vLLM worker of each engine holds; per bucket the sender
+yields one typed :class:`~.channel.BucketPayload`, which the driver hands to every engine
+(``engines.update_weights(payload)``) and each worker turns back into tensors:
 
-- ``object_store``: the bucket goes through Ray's object store (CPU tensors). Needs no channel.
-- ``broadcast``: policy rank 0 (rank 0 of the group) and every engine actor (ranks 1..E)
-  form a process group of their own, made directly from a ``TCPStore`` that rank 0 hosts, so
-  the default process group that the Megatron ranks (and vLLM) already use is left alone.
-  Gloo on CPU, NCCL on GPU. Each bucket is packed into one byte buffer and broadcast; the
-  receivers learn its layout from the bucket's metadata (a list of :class:`TensorMeta`),
-  which travels separately (through Ray in the driver).
-- ``cuda_ipc``: colocated on one GPU, rank 0 packs the bucket on its GPU and hands the
-  engine a CUDA IPC handle of the buffer (``torch.multiprocessing.reductions.reduce_tensor``);
-  the engine maps the same memory, loads it, and acknowledges through the store. The sender
-  keeps at most :data:`IPC_WINDOW` buckets alive and frees one only after its acknowledgement.
+- ``object_store``: the payload carries the bucket's CPU tensors (Ray's object store moves
+  it). Workers acknowledge each bucket; the sender puts bucket k+2 only after every worker
+  acknowledged bucket k (at most two buckets in flight, counted by :class:`~.channel.Window`).
+- ``broadcast``: the payload is the bucket's metadata; the bytes go over a process group of
+  policy rank 0 and every engine worker, made directly from the channel's ``TCPStore`` (gloo
+  on CPU, NCCL on GPU), so the default process groups of Megatron and vLLM are left alone.
+- ``cuda_ipc`` (per GPU): every policy rank gathers the full tensors in its TP group and packs
+  each bucket on its GPU; the payload (a ``PerGpuBucket``) holds every rank's CUDA IPC handle,
+  and the worker on each GPU maps the one on its GPU, loads it and acknowledges; each rank
+  frees a buffer only after the acknowledgement and keeps at most two alive.
 
-Every wait has a timeout: a receiver that never joins or stops receiving makes the sender
-fail with a :class:`TransportError` naming the engines, the bucket and its first tensor
-instead of hanging.
+Every wait has a timeout; a peer that never joins or stops acknowledging makes the sender fail
+with a :class:`~.buckets.TransportError` naming it and the bucket. The driver aborts a sync in
+which an engine failed (:meth:`~.rendezvous.Rendezvous.abort`).
 
-Known limit: the receivers are the engine *actor* processes, which hold the vLLM model only
-when the engine runs in-process (TP=1, VLLM_ENABLE_V1_MULTIPROCESSING=0). Engines with TP>1
-would need the receive to happen in vLLM's worker processes (through ``collective_rpc``);
-that is not done (see docs/weight_sync.md).
-
-
-    buckets.py     what a bucket is, its metadata, packing into one buffer, layer boundaries
-    rendezvous.py  the TCPStore where a channel's two ends meet; timed waits
-    broadcast.py   the broadcast channel's sender and receiver
-    cuda_ipc.py    the CUDA IPC channel's sender and receiver
-    transports.py  the transports by name: their worker methods and channel ends
-    sync.py        the driver's side: stream the buckets into every engine
-
-The worker ends are methods of megatron_pc.cluster.workers (MegatronRank sends, EngineActor
-loads), which call into this package.
+    buckets.py      what a bucket is, its metadata, packing into one buffer, layer boundaries
+    rendezvous.py   the TCPStore where a channel's ends meet; announcements, acks, abort
+    channel.py      payload, channel spec, window of buckets in flight, Sender / Receiver
+    object_store.py the object store's sender and receiver
+    broadcast.py    the broadcast channel's sender and receiver
+    cuda_ipc.py     the CUDA IPC channel's sender and receiver
+    transports.py   the transports by name: their sender and receiver types
+    engine_side.py  what runs in each vLLM worker (collective_rpc): join, load a bucket, leave
+    sync.py         the driver's side: open the channel, hand each payload to the engines
 """

@@ -1,16 +1,19 @@
-"""The ``broadcast`` channel: policy rank 0 and the engine actors form a process group of their
-own (gloo on CPU, NCCL on GPU) and each packed bucket is broadcast from rank 0."""
+"""The ``broadcast`` channel: policy rank 0 and every engine worker (each vLLM worker of each
+engine) form a process group of their own (gloo on CPU, NCCL on GPU) and each packed bucket is
+broadcast from rank 0; its metadata travels ahead as the payload."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from megatron_pc.weight_sync.buckets import Bucket, TensorMeta, TransportError, describe, layout, pack, unpack
+from megatron_pc.weight_sync.buckets import Bucket, TensorMeta, TransportError, bucket_meta, describe, layout, pack, unpack
+from megatron_pc.weight_sync.channel import WINDOW, BucketPayload, Receiver, Sender
 from megatron_pc.weight_sync.rendezvous import Rendezvous, _td
 
 logger = logging.getLogger(__name__)
@@ -40,20 +43,20 @@ def _broadcast(group: Any, buffer: torch.Tensor, timeout_s: float) -> None:
     group.broadcast([buffer], options).wait(_td(timeout_s))
 
 
-class BroadcastSender:
-    """Rank 0 of a broadcast channel: policy rank 0, sending buckets to every engine."""
+@dataclass
+class BroadcastBucket(BucketPayload):
+    """Only the bucket's metadata: the bytes follow over the group."""
 
-    def __init__(self, rendezvous: Rendezvous, receivers: Sequence[str], device: torch.device | str = "cpu") -> None:
-        self.rendezvous = rendezvous
-        self.receivers = list(receivers)
-        self.device = torch.device(device)
+
+class BroadcastSender(Sender):
+    """Rank 0 of a broadcast channel: a policy rank, sending buckets to every engine worker."""
+
+    transport = "broadcast"
+
+    def __init__(self, rendezvous: Rendezvous, receivers: Sequence[str], device: torch.device | str = "cpu", window: int = WINDOW) -> None:
+        super().__init__(rendezvous, receivers, device, window)
         self.group: Any = None
         self.sent = 0
-
-    @property
-    def address(self) -> str:
-        """Where receivers join (``host:port`` of the store)."""
-        return self.rendezvous.address
 
     def connect(self) -> None:
         """Wait for every receiver to announce itself, then form the group (blocks until all
@@ -64,9 +67,16 @@ class BroadcastSender:
         except Exception as err:
             raise TransportError(f"forming the weight-sync group with {', '.join(self.receivers)} failed: {err}") from err
 
+    def _send(self, index: int, bucket: Bucket) -> Iterator[BucketPayload]:
+        payload = BroadcastBucket(self.sync, index, bucket_meta(bucket))
+        self.window.admit(payload)
+        yield payload  # the receivers learn the layout first, then take part in the broadcast
+        self.send(bucket)
+        self.window.settled()  # the broadcast returned: every receiver holds the bytes
+
     def send(self, bucket: Bucket) -> list[TensorMeta]:
-        """Broadcast one bucket (the receivers must call :meth:`BroadcastReceiver.receive`
-        with its metadata); returns that metadata."""
+        """Broadcast one bucket (each receiver must receive a payload with its metadata);
+        returns that metadata."""
         if self.group is None:
             raise TransportError("the weight-sync group is not connected: call connect() first")
         meta, buffer = pack(bucket, self.device)
@@ -87,24 +97,23 @@ class BroadcastSender:
         self.group = None
 
 
-class BroadcastReceiver:
-    """Rank ``rank`` >= 1 of a broadcast channel: an engine actor."""
+class BroadcastReceiver(Receiver):
+    """Rank ``rank`` >= 1 of a broadcast channel: an engine worker."""
+
+    transport = "broadcast"
 
     def __init__(self, rendezvous: Rendezvous, rank: int, size: int, name: str, device: torch.device | str = "cpu") -> None:
-        if not 1 <= rank < size:
-            raise TransportError(f"{name}: receiver rank must lie in [1, {size - 1}], got {rank}")
-        self.rendezvous = rendezvous
-        self.name = name
-        self.device = torch.device(device)
-        rendezvous.announce(rank, name)
+        super().__init__(rendezvous, rank, size, name, device)
+        self.announce()
         try:
             self.group = _new_group(rendezvous.store, rank, size, self.device, rendezvous.timeout_s)
         except Exception as err:
             raise TransportError(f"{name}: joining the weight-sync group at {rendezvous.address} failed: {err}") from err
         self.received = 0
 
-    def receive(self, meta: Sequence[TensorMeta]) -> list[tuple[str, torch.Tensor]]:
-        """The next bucket, laid out as ``meta`` says: (name, tensor) pairs in order."""
+    def receive(self, payload: BucketPayload) -> list[tuple[str, torch.Tensor]]:
+        """The bucket, laid out as its metadata says: (name, tensor) pairs in order."""
+        meta = self._check(payload, BroadcastBucket).meta
         buffer = torch.empty(layout(meta)[1], dtype=torch.uint8, device=self.device)
         try:
             _broadcast(self.group, buffer, self.rendezvous.timeout_s)
@@ -113,6 +122,9 @@ class BroadcastReceiver:
             raise TransportError(f"{self.name}: receiving weight bucket {self.received} ({describe(meta)}) failed: {err}") from err
         self.received += 1
         return unpack(meta, buffer)
+
+    def done(self, payload: BucketPayload) -> None:
+        """Nothing to acknowledge: the next broadcast waits for this receiver anyway."""
 
     def close(self, abort: bool = False) -> None:
         """Drop the group; ``abort`` after a failure."""

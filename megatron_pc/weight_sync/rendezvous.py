@@ -4,6 +4,7 @@ announcements, acknowledgements and timed waits that name who is missing."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -12,6 +13,14 @@ import torch.distributed as dist
 from megatron_pc.weight_sync.buckets import DEFAULT_TIMEOUT_S, TransportError
 
 logger = logging.getLogger(__name__)
+
+ABORT_POLL_S = 1.0
+"""A sender waiting for acknowledgements looks for them (and for an abort) at least 20 times
+in this many seconds."""
+
+
+class SyncAborted(TransportError):
+    """The driver aborted a sync (an engine failed in it)."""
 
 
 def _td(seconds: float) -> timedelta:
@@ -61,11 +70,27 @@ class Rendezvous:
         self.store.set(f"ack/{sync}/{bucket}/{rank}", "1")
 
     def await_acks(self, sync: int, bucket: int, receivers: Sequence[str], what: str) -> None:
-        """Wait until every receiver acknowledged a bucket; then forget the keys."""
+        """Wait until every receiver acknowledged a bucket; then forget the keys. Raises
+        :class:`SyncAborted` soon after someone called :meth:`abort`."""
         keys = [f"ack/{sync}/{bucket}/{k + 1}" for k in range(len(receivers))]
-        self._wait(keys, lambda missing: f"{_names(receivers, missing)} did not acknowledge {what}")
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.001
+        # Polled (store.wait with a short timeout would log a c10d warning at every expiry).
+        while not self.store.check(keys):
+            if self.store.check(["abort"]):
+                raise SyncAborted(f"weight sync aborted while waiting for {what}")
+            if time.monotonic() >= deadline:
+                missing = [i for i, key in enumerate(keys) if not self.store.check([key])]
+                raise TransportError(f"{_names(receivers, missing)} did not acknowledge {what} within {self.timeout_s:.0f} s")
+            time.sleep(pause)
+            pause = min(2 * pause, ABORT_POLL_S / 20)
         for key in keys:
             self.store.delete_key(key)
+
+    def abort(self) -> None:
+        """Stop the sender's waits for acknowledgements for good (the driver calls it when an
+        engine failed mid-sync: its acknowledgements will never come; a new channel follows)."""
+        self.store.set("abort", "1")
 
     def _wait(self, keys: list[str], message: Callable[[list[int]], str]) -> None:
         try:

@@ -1,5 +1,6 @@
-"""The driver's side of a weight sync: stream policy rank 0's buckets into every engine actor
-through the run's transport, opening the transport's channel first when it has one."""
+"""The driver's side of a weight sync: open the run's channel from policy rank 0 to every engine
+worker (once, again after an engine restart), then hand each bucket's payload, as rank 0's
+sender streams it, to every engine with one typed call, ``engines.update_weights(payload)``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import logging
 import time
 from typing import Any
 
-from megatron_pc.weight_sync.buckets import DEFAULT_TIMEOUT_S
+from megatron_pc.weight_sync.buckets import DEFAULT_TIMEOUT_S, TransportError
+from megatron_pc.weight_sync.rendezvous import Rendezvous
 from megatron_pc.weight_sync.transports import get_transport
 
 logger = logging.getLogger(__name__)
@@ -16,40 +18,58 @@ logger = logging.getLogger(__name__)
 def sync_weights(policy: Any, engines: Any, bucket_mb: int, transport: str = "object_store") -> dict[str, float]:
     """Stream the policy's weights (HF names, full tensors) into every engine, bucket by bucket.
 
-    ``transport`` is a resolved ``rollout.weight_transport`` (see weight_sync.transports).
-    Bucket k is loading into the engines while bucket k+1 is being gathered; peak memory stays
-    near two buckets. Returns seconds and MB moved.
+    ``policy`` is the policy's MegatronGroup, ``engines`` an EngineGroup; ``transport`` a
+    resolved ``rollout.weight_transport``. The engines load bucket k while rank 0 gathers bucket
+    k+1; rank 0's sender puts bucket k+2 only after every engine worker acknowledged bucket k.
+    Returns seconds and MB moved, and what the sender measured in flight.
     """
-    kind = get_transport(transport)
+    per_gpu = get_transport(transport).sender.per_gpu  # an unknown name fails here, naming the choices
     start = time.perf_counter()
-    if kind.has_channel:
-        _connect_weight_channel(policy, engines, transport)
-    send, load = kind.send_method, kind.load_method
-    pending: list[tuple[Any, Any]] = []
+    _connect(policy, engines, transport)
     moved = 0
-    for ref in policy.export_buckets(bucket_mb * 2**20, send):
-        pending += [(engine, getattr(engine.actor, load).remote(ref)) for engine in engines.engines]
-    for engine, done in pending:
-        moved += engine.result(done)["bytes"]  # an engine that died raises its EngineError
-    moved //= max(len(engines.engines), 1)
+    try:
+        for payload in policy.push_weights(bucket_mb * 2**20, per_gpu=per_gpu):
+            moved += engines.update_weights(payload)[0].bytes  # an engine that died raises its EngineError
+    except Exception:
+        _abort(policy)
+        raise
     seconds = time.perf_counter() - start
-    return {"sync_seconds": seconds, "sync_mb": moved / 1e6, "sync_mb_per_s": moved / 1e6 / seconds if seconds else 0.0}
+    sent = policy.weight_sync_stats()
+    return {
+        "sync_seconds": seconds, "sync_mb": moved / 1e6, "sync_mb_per_s": moved / 1e6 / seconds if seconds else 0.0,
+        "sync_buckets": sent["buckets"], "sync_bucket_mb_max": sent["max_bucket_bytes"] / 1e6,
+        "sync_inflight_buckets_max": sent["max_in_flight_buckets"], "sync_inflight_mb_max": sent["max_in_flight_bytes"] / 1e6,
+    }  # fmt: skip
 
 
-def _connect_weight_channel(policy: Any, engines: Any, transport: str) -> None:
-    """Open rank 0's channel to the current engine actors, unless it is open already (a
-    restarted engine is a new actor: then everyone joins a new channel)."""
-    import ray
-
-    timeout_s = DEFAULT_TIMEOUT_S
-    key = (transport, tuple(engines.engines))  # engines compare by identity
-    if policy.weight_channel == key:
+def _abort(policy: Any) -> None:
+    """An engine failed mid-sync: stop the senders from waiting for acknowledgements that will
+    never come (they finish their gathers and end), and forget the channel."""
+    if policy.weight_channel is None:
         return
-    sender = policy.actors[0]
-    names = [engine.name for engine in engines.engines]
-    address = ray.get(sender.open_weight_channel.remote(transport, names, timeout_s))
-    size = len(names) + 1
-    joins = [engine.actor.join_weight_channel.remote(transport, address, k + 1, size, timeout_s) for k, engine in enumerate(engines.engines)]
-    ray.get([sender.connect_weight_channel.remote(), *joins])
-    policy.weight_channel = key
-    logger.info("weight sync: %s channel at %s to %s", transport, address, ", ".join(names))
+    addresses = policy.weight_channel[2]
+    policy.weight_channel = None
+    for address in addresses:
+        try:
+            Rendezvous.join(address, timeout_s=30.0).abort()
+        except TransportError:
+            logger.warning("weight sync: could not abort the channel at %s", address, exc_info=True)
+
+
+def _connect(policy: Any, engines: Any, transport: str) -> None:
+    """Open rank 0's channel to the current engines' workers, unless it is open already (a
+    restarted engine is a new actor: then everyone joins a new channel)."""
+    key = (transport, tuple(engines.engines))  # engines compare by identity
+    if policy.weight_channel is not None and policy.weight_channel[:2] == key:
+        return
+    receivers = engines.weight_receivers
+    opened: list[str] = []
+
+    def join(address: str, by_gpu: dict[str, str] | None) -> None:
+        opened.extend(by_gpu.values() if by_gpu else [address])
+        engines.join_weight_channel(transport, address, DEFAULT_TIMEOUT_S, by_gpu)
+
+    address = policy.open_weight_channel(transport, receivers, DEFAULT_TIMEOUT_S,
+                                         join=join)
+    policy.weight_channel = (*key, tuple(opened))
+    logger.info("weight sync: %s channel at %s to %s", transport, address, ", ".join(receivers))

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from helpers.models import bits as _bits
-from megatron_pc.weight_sync.buckets import TransportError, bucket_meta
+from megatron_pc.weight_sync.buckets import TransportError
 from megatron_pc.weight_sync.cuda_ipc import IpcReceiver, IpcSender
 from megatron_pc.weight_sync.rendezvous import Rendezvous
 from megatron_pc.weight_sync.transports import join_receiver, open_sender
@@ -97,9 +97,8 @@ def _nccl_send(port: int, queue: Any) -> None:
     torch.cuda.set_device(0)
     sender = open_sender("broadcast", "127.0.0.1", ["engine0"], device="cuda:0", timeout_s=TIMEOUT_S, port=port)
     sender.connect()
-    for bucket in _buckets("cuda:0"):
-        queue.put(bucket_meta(bucket))
-        sender.send(bucket)
+    for payload in sender.stream(_buckets("cuda:0")):  # the metadata first; the bytes follow over NCCL
+        queue.put(payload)
     sender.close()
 
 
@@ -128,15 +127,15 @@ def test_nccl_broadcast_between_two_gpus_delivers_bit_identical_buckets_in_order
 
 # ---- CUDA IPC ---------------------------------------------------------------------------------
 def _ipc_receive(address: str, queue: Any, count: int, acknowledge: bool) -> list:
-    receiver = IpcReceiver(Rendezvous.join(address, TIMEOUT_S), 1, "engine0")
+    receiver = IpcReceiver(Rendezvous.join(address, TIMEOUT_S), 1, 2, "engine0")
     got = []
     for _ in range(count):
         shared = queue.get(timeout=TIMEOUT_S)
-        pairs = receiver.open(shared)
+        pairs = receiver.receive(shared)
         got.append([(n, t.cpu()) for n, t in pairs])
         del pairs
         if acknowledge:
-            receiver.acknowledge(shared)
+            receiver.done(shared)
     return got
 
 
@@ -146,9 +145,8 @@ def test_cuda_ipc_hands_buckets_to_another_process_on_the_same_gpu_bit_identical
     proc = _start(tmp_path / "receiver.pt", _ipc_receive, sender.address, queue, len(_buckets()), True)
     try:
         sender.connect()
-        for bucket in _buckets("cuda"):
-            queue.put(sender.share(bucket))  # window 1: waits for the previous acknowledgement
-        sender.finish()
+        for payload in sender.stream(_buckets("cuda")):  # window 1: waits for the previous acknowledgement
+            queue.put(payload)
     finally:
         _join([proc], 300)
     _assert_identical(_result(tmp_path / "receiver.pt"), _buckets())
@@ -161,13 +159,51 @@ def test_cuda_ipc_sender_fails_naming_the_bucket_when_the_engine_never_acknowled
     try:
         sender.connect()
         bucket = _buckets("cuda")[1]
-        queue.put(sender.share(bucket))
         start = time.monotonic()
         with pytest.raises(TransportError, match=r"engine0 \(rank 1\) did not acknowledge weight bucket 0 \(4 tensors"):
-            sender.finish()
+            for payload in sender.stream([bucket]):  # ends by waiting for the acknowledgement
+                queue.put(payload)
         assert time.monotonic() - start < 30
     finally:
         _join([proc], 60)
+
+
+def _per_gpu_receive(spec: Any, queue: Any, count: int) -> list:
+    from megatron_pc.weight_sync.cuda_ipc import this_gpu
+    from megatron_pc.weight_sync.transports import join_receiver
+
+    mine = spec.for_gpu(this_gpu(), "engine0")  # the channel of the policy rank on this GPU
+    receiver = join_receiver("cuda_ipc", mine.address, 1, mine.size, "engine0", device="cuda", timeout_s=TIMEOUT_S)
+    got = []
+    for _ in range(count):
+        payload = queue.get(timeout=TIMEOUT_S)
+        pairs = receiver.receive(payload)  # picks the share on its GPU out of the PerGpuBucket
+        got.append([(n, t.cpu()) for n, t in pairs])
+        del pairs
+        receiver.done(payload)
+    return got
+
+
+def test_cuda_ipc_per_gpu_bucket_reaches_the_worker_on_that_gpu_through_its_own_channel(tmp_path: Path) -> None:
+    """The per-GPU plumbing on one GPU: the worker finds its GPU's channel in the ChannelSpec and
+    its GPU's share in the PerGpuBucket (beside a share of another GPU, which it must not map)."""
+    from dataclasses import replace
+
+    from megatron_pc.weight_sync.channel import ChannelSpec
+    from megatron_pc.weight_sync.cuda_ipc import PerGpuBucket, this_gpu
+
+    sender = IpcSender(Rendezvous.host("127.0.0.1", TIMEOUT_S), ["the engine worker on GPU 0"])
+    spec = ChannelSpec("cuda_ipc", sender.address, 1, 2, TIMEOUT_S, {"GPU-elsewhere": "127.0.0.1:1", this_gpu(): sender.address})
+    queue = CTX.Queue()
+    proc = _start(tmp_path / "receiver.pt", _per_gpu_receive, spec, queue, len(_buckets()))
+    try:
+        sender.connect()
+        for shared in sender.stream(_buckets("cuda")):
+            queue.put(PerGpuBucket.of([replace(shared, device_uuid="GPU-elsewhere", handle=None), shared]))
+        assert sender.stats.max_in_flight_buckets <= 2
+    finally:
+        _join([proc], 300)
+    _assert_identical(_result(tmp_path / "receiver.pt"), _buckets())
 
 
 # ---- CUDA IPC into a real vLLM engine ------------------------------------------------------------
@@ -180,48 +216,77 @@ def _perturbed(model_dir: str) -> dict[str, torch.Tensor]:
     return {n: (t + 0.05 * torch.randn(t.shape, generator=gen)).to(torch.bfloat16) for n, t in sorted(state.items())}
 
 
-def _engine_scores(model_dir: str, address: str, queue: Any, count: int, seqs: list[list[int]]) -> dict[str, Any]:
+def _engine_scores(model_dir: str, spec: Any, queue: Any, count: int, seqs: list[list[int]], tp: int = 1) -> dict[str, Any]:
+    """A real vLLM engine (TP ``tp``) whose workers join the per-GPU CUDA IPC channels of
+    ``spec`` (each the one on its GPU) and receive ``count`` buckets themselves
+    (collective_rpc), then the same weights plainly."""
     from megatron_pc.rollout.config import RolloutConfig
     from megatron_pc.rollout.vllm_engine import VllmEngine
 
-    config = RolloutConfig(dtype="bfloat16", gpu_memory_utilization=0.3, max_num_seqs=8)
+    config = RolloutConfig(dtype="bfloat16", gpu_memory_utilization=0.3, max_num_seqs=8, tensor_parallel=tp)
     engine = VllmEngine(model_dir, config, name="engine0", seed=0)
     try:
         before = engine.score(seqs)
-        receiver = IpcReceiver(Rendezvous.join(address, TIMEOUT_S), 1, "engine0")
-        for _ in range(count):
-            shared = queue.get(timeout=TIMEOUT_S)
-            pairs = receiver.open(shared)
-            engine.update_weights(pairs)
-            del pairs
-            receiver.acknowledge(shared)
+        engine.join_weight_channel(spec)
+        pushed = [engine.update_weights(queue.get(timeout=TIMEOUT_S)).bytes for _ in range(count)]
         ipc = engine.score(seqs)
         engine.update_weights(_perturbed(model_dir).items())  # the same weights, as plain CPU tensors
         plain = engine.score(seqs)
-        return {"before": before, "ipc": ipc, "plain": plain}
+        return {"before": before, "ipc": ipc, "plain": plain, "pushed": pushed}
     finally:
         engine.shutdown()
 
 
-def test_cuda_ipc_buckets_load_into_a_vllm_engine_like_the_same_weights_pushed_plainly(tmp_path: Path) -> None:
+def _ipc_into_engine(tmp_path: Path, tp: int) -> None:
+    """What a colocated run does: one sender per GPU (here all in this process, as policy ranks
+    0..tp-1 would be on their GPUs), each sharing every bucket on its GPU; the driver's
+    PerGpuBucket of their payloads goes to the engine, each worker loads the share on its GPU."""
     pytest.importorskip("vllm")
     from megatron_pc.models.tiny import make_tiny_model
+    from megatron_pc.weight_sync.channel import ChannelSpec
+    from megatron_pc.weight_sync.cuda_ipc import PerGpuBucket, this_gpu
 
     model_dir = str(make_tiny_model(tmp_path / "tiny", warmup_steps=0, eval_prompts=2, eval_samples=1))
     weights = list(_perturbed(model_dir).items())
-    buckets = [[(n, t.cuda()) for n, t in weights[i : i + 5]] for i in range(0, len(weights), 5)]
     seqs = [[1, 5, 9, 14, 20, 3, 7], [2, 4, 6, 8, 10, 12]]
-    sender = IpcSender(Rendezvous.host("127.0.0.1", 300.0), ["engine0"])
+    senders, by_gpu, streams = [], {}, []
+    for gpu in range(tp):
+        torch.cuda.set_device(gpu)
+        sender = IpcSender(Rendezvous.host("127.0.0.1", 300.0), [f"the engine worker on GPU {gpu}"])
+        senders.append(sender)
+        by_gpu[this_gpu()] = sender.address
+        buckets = [[(n, t.to(f"cuda:{gpu}")) for n, t in weights[i : i + 5]] for i in range(0, len(weights), 5)]
+        streams.append(sender.stream(buckets))
     queue = CTX.Queue()
-    proc = _start(tmp_path / "engine.pt", _engine_scores, model_dir, sender.address, queue, len(buckets), seqs)
+    spec = ChannelSpec("cuda_ipc", senders[0].address, 1, 2, TIMEOUT_S, by_gpu)
+    proc = _start(tmp_path / "engine.pt", _engine_scores, model_dir, spec, queue, -(-len(weights) // 5), seqs, tp)
     try:
-        sender.connect()  # returns once the engine started and joined
-        for bucket in buckets:
-            queue.put(sender.share(bucket))
-        sender.finish()
+        for sender in senders:
+            sender.connect()  # returns once the engine started and its worker on that GPU joined
+        while True:  # lockstep, as the driver zips the policy ranks' streams
+            shares = []
+            for gpu, stream in enumerate(streams):
+                torch.cuda.set_device(gpu)  # each sender packs on its own GPU
+                shares.append(next(stream, None))
+            if shares[0] is None:
+                break
+            queue.put(PerGpuBucket.of(shares))
+        assert all(s.stats.max_in_flight_buckets <= 2 for s in senders)
     finally:
         _join([proc], 600)
     scores = _result(tmp_path / "engine.pt")
+    assert sum(scores.pop("pushed")) == sum(t.numel() * t.element_size() for _, t in weights)
     flat = {k: [x for s in v for x in s] for k, v in scores.items()}
     assert flat["ipc"] == flat["plain"]  # same weights, same kernels: the same numbers
     assert sum(abs(a - b) for a, b in zip(flat["ipc"], flat["before"])) / len(flat["ipc"]) > 1e-2  # and they did change
+
+
+def test_cuda_ipc_buckets_load_into_a_vllm_engine_like_the_same_weights_pushed_plainly(tmp_path: Path) -> None:
+    _ipc_into_engine(tmp_path, tp=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="an engine of TP 2 needs two GPUs")
+def test_cuda_ipc_buckets_reach_both_workers_of_a_tp2_engine_like_the_same_weights_pushed_plainly(tmp_path: Path) -> None:
+    """Each of the engine's two vLLM workers (one per GPU) maps the buffer its GPU's sender
+    shared and loads its shard; the engine scores exactly as after a plain push."""
+    _ipc_into_engine(tmp_path, tp=2)

@@ -152,11 +152,13 @@ def test_a_policy_rank_killed_mid_run_stops_the_run_naming_it_and_a_restart_resu
 def test_a_tp2_policy_in_split_placement_syncs_weights_that_both_shards_of_a_tp2_engine_reproduce(tiny_model: Path, tmp_path: Path) -> None:
     """model.tensor_parallel=2 in split placement and rollout.tensor_parallel=2: the engine
     actor drives two vLLM worker processes; each sync of the policy's TP=2 shards reaches both
-    engine shards (the engine scores like the trainer after every step)."""
+    engine shards (the engine scores like the trainer after every step). Through the object
+    store in 1 MiB buckets (one per layer): rank 0's sender never has more than two buckets
+    unacknowledged, as it measured them."""
     run = tmp_path / "tp2"
     proc = _train(
         run, tiny_model, "model.tensor_parallel=2", "cluster.placement=split", "rollout.tensor_parallel=2", "training.steps=2",
-        "allocation.on_round_limit=train_partial",
+        "allocation.on_round_limit=train_partial", "rollout.weight_transport=object_store", "rollout.sync_bucket_mb=1",
     )
     _ok(proc)
     rows = read_metrics(run / "metrics.jsonl")
@@ -166,16 +168,21 @@ def test_a_tp2_policy_in_split_placement_syncs_weights_that_both_shards_of_a_tp2
         # the TP=2 Megatron policy does (fp32).
         assert r["logprob_gap"] <= 1e-4, r["logprob_gap"]
         assert r["sync_mb"] == rows[1]["sync_mb"] > 0  # the whole model, counted by the engine
+        assert r["sync_buckets"] > 2 and r["sync_inflight_buckets_max"] == 2, r
+        assert r["sync_inflight_mb_max"] <= 2 * r["sync_bucket_mb_max"] < r["sync_mb"]
 
 
-def test_weights_synced_by_gloo_broadcast_from_a_tp2_policy_are_what_the_engine_reproduces(tiny_model: Path, tmp_path: Path) -> None:
+def test_weights_synced_by_gloo_broadcast_from_a_tp2_policy_into_a_tp2_engine_are_what_the_engine_reproduces(tiny_model: Path, tmp_path: Path) -> None:
+    """Both vLLM workers of the TP=2 engine join the gloo group (ranks 1 and 2) and receive
+    every bucket themselves."""
     run = tmp_path / "broadcast"
     proc = _train(
         run, tiny_model, "model.tensor_parallel=2", "cluster.placement=split", "rollout.weight_transport=broadcast",
-        "training.steps=2", "allocation.on_round_limit=train_partial",
+        "rollout.tensor_parallel=2", "training.steps=2", "allocation.on_round_limit=train_partial",
     )
     _ok(proc)
     assert "weight sync: broadcast channel" in (run / "train.log").read_text()
+    assert "to engine0.tp0, engine0.tp1" in (run / "train.log").read_text()
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:

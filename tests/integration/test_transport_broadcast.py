@@ -1,6 +1,7 @@
 """The ``broadcast`` weight transport between real processes over gloo: one sender (policy
-rank 0's role) and engine receivers, each in its own spawned process. Bucket metadata goes
-through a queue, as it goes through Ray in the driver; the tensors go over the group.
+rank 0's role) and engine receivers, each in its own spawned process. Each bucket's payload
+(its metadata) goes through a queue, as it goes through Ray in the driver; the tensors go over
+the group.
 
 No process group is mocked: the sender also holds a default process group (as a Megatron
 rank does), which the weight-sync group must leave alone.
@@ -18,7 +19,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron_pc.weight_sync.buckets import bucket_meta
 from megatron_pc.weight_sync.transports import join_receiver, open_sender
 from megatron_pc.training.launch import free_port
 
@@ -71,11 +71,9 @@ def _send(port: int, receivers: list[str], buckets: list, queues: list, timeout_
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     sender = open_sender("broadcast", "127.0.0.1", receivers, port=port, timeout_s=timeout_s)
     sender.connect()
-    for bucket in buckets:
-        meta = bucket_meta(bucket)
+    for payload in sender.stream(buckets):  # the metadata first; the bytes follow over the group
         for queue in queues:
-            queue.put(meta)
-        sender.send(bucket)
+            queue.put(payload)
     sender.close()
     one = torch.ones(1)
     dist.all_reduce(one)

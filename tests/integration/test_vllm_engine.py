@@ -9,8 +9,10 @@ log-probs, one token generated and discarded).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from queue import Queue
 
 import pytest
 import torch
@@ -169,22 +171,81 @@ def test_sleep_blocks_generation_until_wake_and_is_a_flagged_no_op_on_cpu(engine
     assert len(engine.generate([request], SamplingSettings(max_tokens=4)).samples[0]) == 1
 
 
-def test_a_tp2_engine_runs_its_shards_in_worker_processes_and_takes_full_tensor_pushes(tiny_model_dir, tok) -> None:
+def _send_in_thread(sender, buckets: list, out: Queue) -> threading.Thread:
+    """Policy rank 0's role: stream the buckets' payloads into ``out`` (a broadcast sender then
+    broadcasts each bucket, which blocks until the engine's workers receive it)."""
+
+    def run() -> None:
+        try:
+            for payload in sender.stream(buckets):
+                out.put(payload)
+        except Exception as err:  # noqa: BLE001 - handed to the test thread
+            out.put(err)
+        out.put(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _push_through_channel(eng: VllmEngine, transport: str, weights: list) -> list:
+    """``weights`` into ``eng`` through a real ``transport`` channel whose sender lives in a thread
+    of this process; the engine's workers join it and receive every bucket themselves."""
+    from megatron_pc.weight_sync.buckets import buckets_by_layer
+    from megatron_pc.weight_sync.channel import ChannelSpec
+    from megatron_pc.weight_sync.transports import open_sender
+
+    receivers = eng.weight_receivers
+    sender = open_sender(transport, "127.0.0.1", receivers, timeout_s=120.0)
+    connect = threading.Thread(target=sender.connect, daemon=True)
+    connect.start()
+    eng.join_weight_channel(ChannelSpec(transport, sender.address, 1, len(receivers) + 1, 120.0))  # a broadcast group forms here
+    connect.join(120)
+    payloads: Queue = Queue()
+    thread = _send_in_thread(sender, list(buckets_by_layer(weights, bucket_bytes=1)), payloads)
+    pushed = []
+    while (payload := payloads.get(timeout=300)) is not None:
+        assert not isinstance(payload, Exception), payload
+        pushed.append(eng.update_weights(payload))
+    thread.join(60)
+    sender.close()
+    return [pushed, sender.stats]
+
+
+def test_a_tp2_engine_runs_its_shards_in_worker_processes_and_takes_pushes_that_each_worker_receives(tiny_model_dir, tok) -> None:
     """tensor_parallel=2: two vLLM worker processes (threads bound to this machine's CPUs, split
-    between them); pushed full HF tensors reach both, which load their shards."""
+    between them). Full HF tensors pushed as pairs reach both, which load their shards; then
+    each worker joins a gloo broadcast group (ranks 1 and 2 of policy rank 0's channel) and
+    receives every bucket itself; then the same through the object store's channel (at most
+    two buckets unacknowledged). After each push the engine scores like transformers on the
+    weights pushed."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     seqs = [tok(p + a)["input_ids"] + [tok.eos_token_id] for p, a in [("12+345=", "357"), ("7*8=", "56")]]
     eng = VllmEngine(tiny_model_dir, RolloutConfig(max_tokens=8, tensor_parallel=2), name="tp2", seed=0)
+    total = lambda: sum(t.numel() * 4 for t in hf.state_dict().values())  # noqa: E731
     try:
+        assert eng.weight_receivers == ["tp2.tp0", "tp2.tp1"]
         result = eng.generate([GenerationRequest(tuple(seqs[0][:4]), 6)], SamplingSettings(temperature=1.0, max_tokens=8, seed=3))
         assert [len(g) for g in result.samples] == [6]
         perturb(hf, seed=99)
         stats = eng.update_weights(hf.state_dict().items())
-        assert stats.tensors == len(hf.state_dict()) and stats.bytes == sum(t.numel() * 4 for t in hf.state_dict().values())
+        assert stats.tensors == len(hf.state_dict()) and stats.bytes == total()
         diffs = [abs(a - b) for s, e in zip(seqs, eng.score(seqs)) for a, b in zip(e, hf_logprobs(hf, s))]
         assert sum(diffs) / len(diffs) <= 1e-4
+        for seed, transport in [(7, "broadcast"), (8, "object_store")]:
+            before = eng.score(seqs)
+            perturb(hf, seed=seed)
+            pushed, sent = _push_through_channel(eng, transport, list(hf.state_dict().items()))
+            assert sum(p.bytes for p in pushed) == total() and sum(p.tensors for p in pushed) == len(hf.state_dict())
+            assert sent.buckets == len(pushed) > 2 and sent.max_in_flight_buckets <= 2, (transport, sent)
+            after = eng.score(seqs)
+            diffs = [abs(a - b) for s, e in zip(seqs, after) for a, b in zip(e, hf_logprobs(hf, s))]
+            changed = [abs(a - b) for e0, e1 in zip(before, after) for a, b in zip(e0, e1)]
+            print(f"{transport} into a TP=2 engine: {len(pushed)} buckets, mean |engine - transformers| {sum(diffs) / len(diffs):.2e}")
+            assert sum(diffs) / len(diffs) <= 1e-4, transport
+            assert sum(changed) / len(changed) > 1e-2, transport  # the push did change the engine
     finally:
         eng.shutdown()
 

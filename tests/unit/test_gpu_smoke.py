@@ -22,6 +22,7 @@ WHEEL = "megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x
 NEEDS_MORE = {
     "tests/gpu/test_weight_sync_gpu.py::test_nccl_broadcast_between_two_gpus_delivers_bit_identical_buckets_in_order",
     "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_buckets_load_into_a_vllm_engine_like_the_same_weights_pushed_plainly",
+    "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_buckets_reach_both_workers_of_a_tp2_engine_like_the_same_weights_pushed_plainly",
     "tests/gpu/test_pipelined_gpu.py::test_pipelined_split_run_on_gpus_is_one_step_off_policy_overlaps_and_resumes_exactly",
 }
 """GPU tests the smoke check leaves out on purpose: two GPUs, vLLM or Ray."""

@@ -76,3 +76,38 @@ def test_a_layout_larger_than_the_cluster_is_refused_naming_both(capsys) -> None
     err = capsys.readouterr().err
     assert "needs 128 GPUs (policy TP x PP x DP = 64, engines x TP = 64, split placement)" in err and "gives 64" in err
     assert main(["project", "cluster.placement=split", "training.pipelined=true", "cluster.data_parallel=16", "rollout.engines=16"]) == 0
+
+
+def test_refit_projection_of_qwen3_14b_is_its_bytes_over_the_stated_links() -> None:
+    """Hand computation: 14,768,307,200 parameters x 2 B = 29.537 GB; policy and engine TP 2;
+    64 MiB buckets: ceil(29.537e9 / 67,108,864) = 441; links at 80%."""
+    from megatron_pc.launch.refit import Links, refit
+
+    result = refit(KNOWN_MODELS["Qwen3-14B"], load_config(CONFIG), Links.for_gpu("H200", 4.8), nodes=8)
+    m = 2 * 14_768_307_200
+    assert result["bytes"] == m and result["buckets"] == 441
+    ipc = result["transports"]["cuda_ipc"]["stages_s"]
+    assert ipc["tp_gather"] == pytest.approx(m / 2 / (450e9 * 0.8))  # half the model over NVLink: 0.041 s
+    assert ipc["pack"] == pytest.approx(2 * m / (4800e9 * 0.8))  # read + write on HBM: 0.0154 s
+    assert ipc["load"] == pytest.approx(2 * m / 2 / (4800e9 * 0.8))  # each worker its half: 0.0077 s
+    assert ipc["bucket_latency"] == pytest.approx(441 * 0.002)
+    total = result["transports"]["cuda_ipc"]["total_s"]
+    assert total == pytest.approx(0.9462, abs=1e-3) and total <= result["goal_s"]["cuda_ipc"] == 2.0
+    bc = result["transports"]["broadcast"]["stages_s"]
+    assert bc["broadcast"] == pytest.approx(m / (50e9 * 0.8))  # one NIC: 0.738 s
+    store = result["transports"]["object_store"]
+    assert store["stages_s"]["to_nodes"] == pytest.approx(7 * m / (50e9 * 0.8))
+    assert store["stages_s"]["to_workers"] == pytest.approx(3 * m / (10e9 * 0.8))
+    assert store["total_s"] == pytest.approx(22.01, abs=0.01) and store["slowest_stage"] == "to_workers"
+
+
+def test_project_prints_the_refit_per_transport() -> None:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["project", CONFIG]) == 0
+    text = out.getvalue()
+    assert "weight sync (refit) of Qwen3-14B: 29.54 GB in bf16, 441 buckets of 64 MiB" in text
+    assert "| cuda_ipc |" in text and "(goal <= 2 s: met)" in text and "| object_store |" in text

@@ -72,7 +72,7 @@ def test_unknown_dtype_in_metadata_names_the_tensor() -> None:
         (False, True, 1, "object_store"),
         (False, False, 2, "object_store"),
         (True, True, 1, "cuda_ipc"),
-        (True, True, 2, "object_store"),  # only engine 0 shares rank 0's GPU
+        (True, True, 2, "cuda_ipc"),  # per GPU: every policy rank feeds the engine worker on its GPU
         (True, False, 2, "broadcast"),
     ],
 )
@@ -98,11 +98,10 @@ def test_nccl_broadcast_colocated_is_refused() -> None:
     assert info.value.field == "rollout.weight_transport" and "placement=split" in str(info.value)
 
 
-def test_config_refuses_cuda_ipc_in_split_placement_or_with_several_engines_or_engine_tp() -> None:
+def test_config_refuses_cuda_ipc_in_split_placement_or_with_pipeline_stages_and_takes_any_engine_tp() -> None:
     cases = [
         (["rollout.weight_transport=cuda_ipc", "cluster.placement=split"], "colocated"),
-        (["rollout.weight_transport=cuda_ipc", "rollout.engines=2", "allocation.pilot.batch=24"], "one engine"),
-        (["rollout.weight_transport=broadcast", "rollout.tensor_parallel=2"], "tensor_parallel 1"),
+        (["rollout.weight_transport=cuda_ipc", "model.pipeline_parallel=2"], "pipeline_parallel 1"),
     ]
     for overrides, words in cases:
         with pytest.raises(ConfigError) as info:
@@ -110,6 +109,10 @@ def test_config_refuses_cuda_ipc_in_split_placement_or_with_several_engines_or_e
         assert info.value.field == "rollout.weight_transport", str(info.value)
         assert words in str(info.value)
     assert load_config(None, ["rollout.weight_transport=broadcast", "cluster.placement=split"]).rollout.weight_transport == "broadcast"
+    # every vLLM worker receives for itself: engines of TP 2 take every transport
+    assert load_config(None, ["rollout.weight_transport=broadcast", "rollout.tensor_parallel=2"]).rollout.tensor_parallel == 2
+    assert load_config(None, ["rollout.weight_transport=cuda_ipc", "rollout.engines=2", "allocation.pilot.batch=24"]).rollout.engines == 2
+    assert RolloutConfig().resolve_transport(use_gpu=True, colocated=True, pipeline_parallel=2) == "object_store"
 
 
 def test_buckets_never_split_a_decoder_layer_between_two_engine_reloads() -> None:
@@ -133,13 +136,42 @@ def test_buckets_never_split_a_decoder_layer_between_two_engine_reloads() -> Non
     assert weight_unit("lm_head.weight") == "lm_head"
 
 
-def test_transports_are_registered_by_exact_name_each_with_its_worker_methods() -> None:
+def test_transports_are_registered_by_exact_name_each_with_its_sender_and_receiver_type() -> None:
+    from megatron_pc.weight_sync.broadcast import BroadcastReceiver, BroadcastSender
+    from megatron_pc.weight_sync.object_store import ObjectStoreReceiver, ObjectStoreSender
     from megatron_pc.weight_sync.transports import TRANSPORTS, get_transport
 
     assert list(TRANSPORTS) == ["object_store", "broadcast", "cuda_ipc"]
-    assert (get_transport("broadcast").send_method, get_transport("broadcast").load_method) == ("broadcast_buckets", "receive_bucket")
-    assert not get_transport("object_store").has_channel and get_transport("cuda_ipc").has_channel
+    assert (get_transport("broadcast").sender, get_transport("broadcast").receiver) == (BroadcastSender, BroadcastReceiver)
+    assert (get_transport("object_store").sender, get_transport("object_store").receiver) == (ObjectStoreSender, ObjectStoreReceiver)
+    assert all(t.sender.transport == t.receiver.transport == name for name, t in TRANSPORTS.items())
     with pytest.raises(TransportError, match="unknown weight transport 'Broadcast': one of object_store, broadcast, cuda_ipc"):
         get_transport("Broadcast")
-    with pytest.raises(TransportError, match="the object_store transport has no channel to open"):
-        get_transport("object_store").open_sender("127.0.0.1", ["engine0"], "cpu", 1.0, 0)
+
+
+def test_receiver_names_are_the_engine_or_one_per_worker() -> None:
+    from megatron_pc.weight_sync.channel import receiver_names
+
+    assert receiver_names("engine3", 1) == ["engine3"]
+    assert receiver_names("engine0", 2) == ["engine0.tp0", "engine0.tp1"]
+
+
+def test_a_per_gpu_bucket_gives_each_worker_the_share_on_its_gpu_and_refuses_mixed_buckets() -> None:
+    from megatron_pc.weight_sync.channel import ChannelSpec
+    from megatron_pc.weight_sync.cuda_ipc import PerGpuBucket, SharedBucket
+
+    meta = bucket_meta([("model.layers.0.mlp.up_proj.weight", torch.zeros(4, 2))])
+    shares = [SharedBucket(3, 5, meta, ("rebuild", (gpu,)), f"GPU-{gpu}") for gpu in "ab"]
+    bucket = PerGpuBucket.of(shares)
+    assert (bucket.sync, bucket.index, bucket.meta) == (3, 5, meta)
+    assert bucket.on("GPU-b", "engine0.tp1") is shares[1]
+    with pytest.raises(TransportError, match="engine0.tp0: no policy rank shared weight bucket 5 on this worker's GPU GPU-c"):
+        bucket.on("GPU-c", "engine0.tp0")
+    with pytest.raises(TransportError, match="policy ranks shared different weight buckets at once: bucket 5"):
+        PerGpuBucket.of([shares[0], SharedBucket(3, 6, meta, ("rebuild", ()), "GPU-b")])
+    spec = ChannelSpec("cuda_ipc", "10.0.0.1:7", 1, 3, 60.0, {"GPU-a": "10.0.0.1:7", "GPU-b": "10.0.0.1:8"})
+    assert spec.for_gpu("GPU-b", "engine0.tp1") == ChannelSpec("cuda_ipc", "10.0.0.1:8", 1, 2, 60.0)
+    with pytest.raises(TransportError, match="engine0.tp0: no policy rank sends weights on this worker's GPU GPU-c"):
+        spec.for_gpu("GPU-c", "engine0.tp0")
+    plain = ChannelSpec("broadcast", "10.0.0.1:7", 3, 5, 60.0)
+    assert plain.for_gpu("GPU-a", "engine1.tp0") is plain
