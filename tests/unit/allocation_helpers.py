@@ -5,9 +5,12 @@ so two runs that make the same decisions see the same rewards."""
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Callable
+
+from hypothesis import strategies as st
 
 from megatron_pc.allocation import AllocationStrategy, Rollout, RoundPlan, StepResult
+from megatron_pc.allocation.config import AllocationConfig, BufferConfig, HistoryConfig, PilotConfig
 
 
 class BernoulliPolicy:
@@ -46,3 +49,26 @@ def spread_rates(size: int, seed: int, easy: float = 0.2, hard: float = 0.2) -> 
         u = rng.random()
         rates.append(1.0 if u < easy else 0.0 if u < easy + hard else rng.random())
     return rates
+
+
+def draw_pilot_commit(draw: st.DrawFn, history: Callable[[st.DrawFn], HistoryConfig]) -> tuple[AllocationConfig, int]:
+    """A Pilot-Commit configuration as the property tests draw it (group sizes, band, buffer),
+    with the history settings ``history(draw)`` gives, and a pool size that suits it."""
+    train_batch = draw(st.integers(2, 10))
+    pilot_n = draw(st.integers(2, 8))
+    kept = draw(st.integers(1, pilot_n))
+    commit_n = draw(st.integers(1, 8))
+    cfg = AllocationConfig(
+        strategy="pilot_commit",
+        train_batch=train_batch,
+        n=kept + commit_n,
+        pilot=PilotConfig(n=pilot_n, n_effective=kept, batch=draw(st.integers(train_batch, 3 * train_batch))),
+        p_lower=draw(st.sampled_from([0.0, 0.125, 0.25])),
+        p_upper=draw(st.sampled_from([0.5, 0.75, 1.0])),
+        p_evict=draw(st.sampled_from([0.75, 1.0])),
+        buffer=BufferConfig(max_age=draw(st.integers(0, 4)), age_rule=draw(st.sampled_from(["strict", "reference"]))),
+        history=history(draw),
+        max_rounds=10,
+        on_round_limit="train_partial",
+    )
+    return cfg, draw(st.integers(max(40, 3 * train_batch), 12 * train_batch + 60))

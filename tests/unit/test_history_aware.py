@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from megatron_pc.allocation import build_strategy
 from megatron_pc.allocation.check import check_trace
-from megatron_pc.allocation.config import AllocationConfig, BufferConfig, HistoryConfig, PilotConfig
+from megatron_pc.allocation.config import AllocationConfig, HistoryConfig, PilotConfig
 from megatron_pc.allocation.history import JEFFREYS, PromptHistory, beta_binomial_pmf, beta_sf
 from megatron_pc.allocation.trace import ListTrace
 from megatron_pc.errors import ConfigError
 
-from allocation_helpers import BernoulliPolicy, run_steps, spread_rates
+from allocation_helpers import BernoulliPolicy, draw_pilot_commit, run_steps, spread_rates
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 OPTIONS = ("demand_pilots", "screen", "direct_commit", "posterior_evict")
@@ -170,26 +170,12 @@ def test_a_checkpoint_without_history_is_refused_when_history_is_on() -> None:
 # ---- invariants, with the options on ------------------------------------------------------
 @st.composite
 def history_setups(draw: st.DrawFn) -> tuple[AllocationConfig, int, int, int]:
-    train_batch = draw(st.integers(2, 10))
-    pilot_n = draw(st.integers(2, 8))
-    kept = draw(st.integers(1, pilot_n))
-    commit_n = draw(st.integers(1, 8))
-    options = {o: draw(st.booleans()) for o in OPTIONS}
-    cfg = AllocationConfig(
-        strategy="pilot_commit",
-        train_batch=train_batch,
-        n=kept + commit_n,
-        pilot=PilotConfig(n=pilot_n, n_effective=kept, batch=draw(st.integers(train_batch, 3 * train_batch))),
-        p_lower=draw(st.sampled_from([0.0, 0.125, 0.25])),
-        p_upper=draw(st.sampled_from([0.5, 0.75, 1.0])),
-        p_evict=draw(st.sampled_from([0.75, 1.0])),
-        buffer=BufferConfig(max_age=draw(st.integers(0, 4)), age_rule=draw(st.sampled_from(["strict", "reference"]))),
-        history=HistoryConfig(**options, explore=draw(st.sampled_from([0.0, 0.05, 0.5])), half_life=draw(st.sampled_from([2.0, 50.0])),
-                              min_evidence=draw(st.sampled_from([0.0, 4.0])), pilot_floor=draw(st.integers(1, 8))),  # fmt: skip
-        max_rounds=10,
-        on_round_limit="train_partial",
-    )
-    pool = draw(st.integers(max(40, 3 * train_batch), 12 * train_batch + 60))
+    def history(draw: st.DrawFn) -> HistoryConfig:
+        options = {o: draw(st.booleans()) for o in OPTIONS}
+        return HistoryConfig(**options, explore=draw(st.sampled_from([0.0, 0.05, 0.5])), half_life=draw(st.sampled_from([2.0, 50.0])),
+                             min_evidence=draw(st.sampled_from([0.0, 4.0])), pilot_floor=draw(st.integers(1, 8)))  # fmt: skip
+
+    cfg, pool = draw_pilot_commit(draw, history)
     return cfg, pool, draw(st.integers(0, 10_000)), draw(st.integers(1, 10))
 
 

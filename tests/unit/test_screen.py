@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 from megatron_pc.allocation import AllocationStrategy, StepResult, build_strategy
 from megatron_pc.allocation.check import check_trace
-from megatron_pc.allocation.config import AllocationConfig, BufferConfig, HistoryConfig, PilotConfig
+from megatron_pc.allocation.config import AllocationConfig, HistoryConfig, PilotConfig
 from megatron_pc.allocation.features import NgramFeatures, check_feature_source, ngram_vector, supply_features
 from megatron_pc.allocation.predictor import ScreenPredictor, auc, brier
 from megatron_pc.allocation.trace import ListTrace
 from megatron_pc.errors import ConfigError
 
-from allocation_helpers import BernoulliPolicy, spread_rates
+from allocation_helpers import BernoulliPolicy, draw_pilot_commit, spread_rates
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -261,31 +261,16 @@ def test_check_trace_catches_bad_screen_events() -> None:
 # ---- invariants, with the screen on ------------------------------------------------------
 @st.composite
 def screen_setups(draw: st.DrawFn) -> tuple[AllocationConfig, int, int, int, float]:
-    train_batch = draw(st.integers(2, 10))
-    pilot_n = draw(st.integers(2, 8))
-    kept = draw(st.integers(1, pilot_n))
-    commit_n = draw(st.integers(1, 8))
-    history = HistoryConfig(
-        preset="screen", explore=draw(st.sampled_from([0.0, 0.05, 0.5])), half_life=draw(st.sampled_from([2.0, 50.0])),
-        recency_half_life=draw(st.sampled_from([1.0, 20.0])), min_fit=draw(st.sampled_from([0.0, 8.0, 32.0])),
-        prior_strength=draw(st.sampled_from([None, 4.0])), lookahead=draw(st.sampled_from([None, 3, 50])),
-        feature_max_age=draw(st.sampled_from([None, 0, 3])), pilot_floor=draw(st.integers(1, 8)),
-        **{o: draw(st.booleans()) for o in ("demand_pilots", "direct_commit", "posterior_evict")},
-    )  # fmt: skip
-    cfg = AllocationConfig(
-        strategy="pilot_commit",
-        train_batch=train_batch,
-        n=kept + commit_n,
-        pilot=PilotConfig(n=pilot_n, n_effective=kept, batch=draw(st.integers(train_batch, 3 * train_batch))),
-        p_lower=draw(st.sampled_from([0.0, 0.125, 0.25])),
-        p_upper=draw(st.sampled_from([0.5, 0.75, 1.0])),
-        p_evict=draw(st.sampled_from([0.75, 1.0])),
-        buffer=BufferConfig(max_age=draw(st.integers(0, 4)), age_rule=draw(st.sampled_from(["strict", "reference"]))),
-        history=history,
-        max_rounds=10,
-        on_round_limit="train_partial",
-    )
-    pool = draw(st.integers(max(40, 3 * train_batch), 12 * train_batch + 60))
+    def history(draw: st.DrawFn) -> HistoryConfig:
+        return HistoryConfig(
+            preset="screen", explore=draw(st.sampled_from([0.0, 0.05, 0.5])), half_life=draw(st.sampled_from([2.0, 50.0])),
+            recency_half_life=draw(st.sampled_from([1.0, 20.0])), min_fit=draw(st.sampled_from([0.0, 8.0, 32.0])),
+            prior_strength=draw(st.sampled_from([None, 4.0])), lookahead=draw(st.sampled_from([None, 3, 50])),
+            feature_max_age=draw(st.sampled_from([None, 0, 3])), pilot_floor=draw(st.integers(1, 8)),
+            **{o: draw(st.booleans()) for o in ("demand_pilots", "direct_commit", "posterior_evict")},
+        )  # fmt: skip
+
+    cfg, pool = draw_pilot_commit(draw, history)
     return cfg, pool, draw(st.integers(0, 10_000)), draw(st.integers(1, 12)), draw(st.sampled_from([0.05, 0.3, 2.0]))
 
 
