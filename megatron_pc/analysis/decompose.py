@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_pc.analysis.report import TARGET_FRACTIONS, choose_targets, first_reach, parse_fractions, ratio, spread
+from megatron_pc.analysis.regimes import REGIMES
 from megatron_pc.analysis.runs import Run, load_run
 from megatron_pc.errors import MegatronPCError
 
@@ -91,7 +92,8 @@ def decompose(reference_runs: list[Run], equal_runs: list[Run] | None = None,
     seeds each label ran in each set."""
     sets = {"reference": reference_runs, "equal": equal_runs or []}
     out: dict[str, Any] = {"fractions": list(fractions), "paper": {k: list(v) for k, v in PAPER_RATIOS.items()}, "regimes": {}}
-    for regime in sorted({r.regime for r in reference_runs}, key=[r.regime for r in reference_runs].index):
+    known = list(REGIMES)
+    for regime in sorted({r.regime for r in reference_runs}, key=lambda name: (known.index(name) if name in known else len(known), name)):
         per_set = {name: [r for r in runs if r.regime == regime] for name, runs in sets.items()}
         targets = {name: choose_targets(runs, fractions)["target_accuracies"] if runs else [] for name, runs in per_set.items()}
         columns: dict[str, list[dict[str, Any] | None]] = {}
