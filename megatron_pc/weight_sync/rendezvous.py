@@ -61,9 +61,11 @@ class Rendezvous:
         self.store.set(f"joined/{rank}", name)
 
     def await_receivers(self, receivers: Sequence[str]) -> None:
-        """Wait until every receiver (rank k+1 is ``receivers[k]``) announced itself."""
+        """Wait until every receiver (rank k+1 is ``receivers[k]``) announced itself. Raises
+        :class:`SyncAborted` soon after someone called :meth:`abort` (an engine died while joining)."""
         keys = [f"joined/{k + 1}" for k in range(len(receivers))]
-        self._wait(keys, lambda missing: f"{_names(receivers, missing)} did not join the weight-sync channel at {self.address}")
+        self._poll(keys, "the engine workers to join",
+                   lambda missing: f"{_names(receivers, missing)} did not join the weight-sync channel at {self.address}")  # fmt: skip
 
     def acknowledge(self, sync: int, bucket: int, rank: int) -> None:
         """Receiver ``rank`` is done with a shared bucket."""
@@ -73,17 +75,7 @@ class Rendezvous:
         """Wait until every receiver acknowledged a bucket; then forget the keys. Raises
         :class:`SyncAborted` soon after someone called :meth:`abort`."""
         keys = [f"ack/{sync}/{bucket}/{k + 1}" for k in range(len(receivers))]
-        deadline = time.monotonic() + self.timeout_s
-        pause = 0.001
-        # Polled (store.wait with a short timeout would log a c10d warning at every expiry).
-        while not self.store.check(keys):
-            if self.store.check(["abort"]):
-                raise SyncAborted(f"weight sync aborted while waiting for {what}")
-            if time.monotonic() >= deadline:
-                missing = [i for i, key in enumerate(keys) if not self.store.check([key])]
-                raise TransportError(f"{_names(receivers, missing)} did not acknowledge {what} within {self.timeout_s:.0f} s")
-            time.sleep(pause)
-            pause = min(2 * pause, ABORT_POLL_S / 20)
+        self._poll(keys, what, lambda missing: f"{_names(receivers, missing)} did not acknowledge {what}")
         for key in keys:
             self.store.delete_key(key)
 
@@ -92,14 +84,20 @@ class Rendezvous:
         engine failed mid-sync: its acknowledgements will never come; a new channel follows)."""
         self.store.set("abort", "1")
 
-    def _wait(self, keys: list[str], message: Callable[[list[int]], str]) -> None:
-        try:
-            self.store.wait(keys, _td(self.timeout_s))
-        except Exception as err:  # the store raises DistStoreError on timeout
-            missing = [i for i, key in enumerate(keys) if not self.store.check([key])]
-            if not missing:
-                raise
-            raise TransportError(f"{message(missing)} within {self.timeout_s:.0f} s") from err
+    def _poll(self, keys: list[str], what: str, message: Callable[[list[int]], str]) -> None:
+        """Wait until every key is set, looking for an abort in between; a TransportError
+        naming the missing ones after the timeout. Polled: store.wait with a short timeout would
+        log a c10d warning at every expiry, and a long one could not see the abort."""
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.001
+        while not self.store.check(keys):
+            if self.store.check(["abort"]):
+                raise SyncAborted(f"weight sync aborted while waiting for {what}")
+            if time.monotonic() >= deadline:
+                missing = [i for i, key in enumerate(keys) if not self.store.check([key])]
+                raise TransportError(f"{message(missing)} within {self.timeout_s:.0f} s")
+            time.sleep(pause)
+            pause = min(2 * pause, ABORT_POLL_S / 20)
 
 
 def _names(receivers: Sequence[str], indices: Sequence[int]) -> str:

@@ -31,7 +31,8 @@ def sync_weights(policy: Any, engines: Any, bucket_mb: int, transport: str = "ob
         for payload in policy.push_weights(bucket_mb * 2**20, per_gpu=per_gpu):
             moved += engines.update_weights(payload)[0].bytes  # an engine that died raises its EngineError
     except Exception:
-        _abort(policy)
+        _abort(policy.weight_channel[2] if policy.weight_channel is not None else ())
+        policy.weight_channel = None
         raise
     seconds = time.perf_counter() - start
     sent = policy.weight_sync_stats()
@@ -42,13 +43,10 @@ def sync_weights(policy: Any, engines: Any, bucket_mb: int, transport: str = "ob
     }  # fmt: skip
 
 
-def _abort(policy: Any) -> None:
-    """An engine failed mid-sync: stop the senders from waiting for acknowledgements that will
-    never come (they finish their gathers and end), and forget the channel."""
-    if policy.weight_channel is None:
-        return
-    addresses = policy.weight_channel[2]
-    policy.weight_channel = None
+def _abort(addresses: tuple[str, ...] | list[str]) -> None:
+    """An engine failed joining or mid-sync: stop the senders at ``addresses`` from waiting for
+    joins or acknowledgements that will never come (they finish their gathers and end), so the
+    policy ranks are free for the next sync on a new channel."""
     for address in addresses:
         try:
             Rendezvous.join(address, timeout_s=30.0).abort()
@@ -67,7 +65,11 @@ def _connect(policy: Any, engines: Any, transport: str) -> None:
 
     def join(address: str, by_gpu: dict[str, str] | None) -> None:
         opened.extend(by_gpu.values() if by_gpu else [address])
-        engines.join_weight_channel(transport, address, DEFAULT_TIMEOUT_S, by_gpu)
+        try:
+            engines.join_weight_channel(transport, address, DEFAULT_TIMEOUT_S, by_gpu)
+        except Exception:
+            _abort(opened)  # the ranks wait for the joins in connect_weight_channel: free them now
+            raise
 
     address = policy.open_weight_channel(transport, receivers, DEFAULT_TIMEOUT_S,
                                          join=join)

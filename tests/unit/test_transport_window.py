@@ -88,3 +88,20 @@ def test_an_aborted_sync_stops_the_senders_wait_and_still_walks_every_bucket() -
     assert time.monotonic() - start < 10
     assert walked == [0, 1, 2, 3, 4]
     assert isinstance(SyncAborted("x"), TransportError)
+
+
+@pytest.mark.parametrize("transport", ["object_store", "broadcast"])
+def test_an_engine_that_dies_before_joining_does_not_hold_the_policy_rank_for_the_whole_timeout(transport: str) -> None:
+    # The policy rank waits for the joins (connect); the driver aborts the channel when an
+    # engine's join failed, and the rank is free at once for the next sync on a new channel
+    # (before: it waited out the 600 s timeout, and the restarted engine's sync queued behind it).
+    from megatron_pc.weight_sync.rendezvous import Rendezvous
+
+    sender = open_sender(transport, "127.0.0.1", ["engine0", "engine1"], timeout_s=60.0)
+    if transport == "object_store":  # one of the two joins; engine1 never does (a broadcast receiver would block in the group)
+        join_receiver("object_store", sender.address, 1, 3, "engine0", timeout_s=10.0)
+    threading.Timer(0.5, lambda: Rendezvous.join(sender.address, 10.0).abort()).start()
+    start = time.monotonic()
+    with pytest.raises(SyncAborted, match="aborted while waiting for the engine workers to join"):
+        sender.connect()
+    assert time.monotonic() - start < 10
