@@ -72,3 +72,19 @@ def draw_pilot_commit(draw: st.DrawFn, history: Callable[[st.DrawFn], HistoryCon
         on_round_limit="train_partial",
     )
     return cfg, draw(st.integers(max(40, 3 * train_batch), 12 * train_batch + 60))
+
+
+def assert_step_accounting(results: list[StepResult], events: list[dict[str, Any]], cfg: AllocationConfig) -> None:
+    """Every step's rollouts add up and its groups are whole and distinct; the run's counters
+    equal what the trace says was generated, screened and trained."""
+    for r in results:
+        m = r.metrics
+        assert m["generated"] == m["generated_pilot"] + m["generated_commit"] + m["generated_full"]
+        assert len(r.groups) <= cfg.train_batch and len({g.prompt for g in r.groups}) == len(r.groups)
+        assert all(g.size == cfg.n for g in r.groups)
+    last = results[-1].metrics
+    assert last["cum_generated_pilot"] == sum(e["n"] for e in events if e["event"] == "pilot")
+    assert last["cum_generated_commit"] == sum(e["n"] for e in events if e["event"] == "commit")
+    assert last["cum_generated_full"] == sum(e["n"] for e in events if e["event"] == "direct")
+    assert last["cum_prompts_screened"] == sum(1 for e in events if e["event"] == "screen")
+    assert last["cum_trained_rollouts"] == sum(e["size"] for e in events if e["event"] == "train_group")

@@ -18,7 +18,7 @@ from megatron_pc.allocation.history import JEFFREYS, PromptHistory, beta_binomia
 from megatron_pc.allocation.trace import ListTrace
 from megatron_pc.errors import ConfigError
 
-from allocation_helpers import BernoulliPolicy, draw_pilot_commit, run_steps, spread_rates
+from allocation_helpers import BernoulliPolicy, assert_step_accounting, draw_pilot_commit, run_steps, spread_rates
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 OPTIONS = ("demand_pilots", "screen", "direct_commit", "posterior_evict")
@@ -191,17 +191,7 @@ def test_every_invariant_holds_with_the_history_options(setup) -> None:
     assert sum(counts.values()) == pool
     assert [strategy.pool.state(i) for i in range(pool)].count("evicted") == counts["evicted"]
     events = trace.events
-    for r in results:
-        m = r.metrics
-        assert m["generated"] == m["generated_pilot"] + m["generated_commit"] + m["generated_full"]
-        assert len(r.groups) <= cfg.train_batch and len({g.prompt for g in r.groups}) == len(r.groups)
-        assert all(g.size == cfg.n for g in r.groups)
-    last = results[-1].metrics
-    assert last["cum_generated_pilot"] == sum(e["n"] for e in events if e["event"] == "pilot")
-    assert last["cum_generated_commit"] == sum(e["n"] for e in events if e["event"] == "commit")
-    assert last["cum_generated_full"] == sum(e["n"] for e in events if e["event"] == "direct")
-    assert last["cum_prompts_screened"] == sum(1 for e in events if e["event"] == "screen")
-    assert last["cum_trained_rollouts"] == sum(e["size"] for e in events if e["event"] == "train_group")
+    assert_step_accounting(results, events, cfg)
 
 
 @SETTINGS

@@ -20,7 +20,7 @@ from megatron_pc.allocation.predictor import ScreenPredictor, auc, brier
 from megatron_pc.allocation.trace import ListTrace
 from megatron_pc.errors import ConfigError
 
-from allocation_helpers import BernoulliPolicy, draw_pilot_commit, spread_rates
+from allocation_helpers import BernoulliPolicy, assert_step_accounting, draw_pilot_commit, spread_rates
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -286,20 +286,11 @@ def test_every_invariant_holds_with_the_screen_on(setup) -> None:
     counts = strategy.pool.counts()
     assert sum(counts.values()) == pool
     events = trace.events
-    for r in results:
-        m = r.metrics
-        assert m["generated"] == m["generated_pilot"] + m["generated_commit"] + m["generated_full"]
-        assert len(r.groups) <= cfg.train_batch and len({g.prompt for g in r.groups}) == len(r.groups)
-        assert all(g.size == cfg.n for g in r.groups)
+    assert_step_accounting(results, events, cfg)
+    for m in (r.metrics for r in results):
         for key in ("screen_brier", "screen_brier_population"):
             assert m[key] is None or 0.0 <= m[key] <= 1.0
         assert m["screen_auc"] is None or 0.0 <= m["screen_auc"] <= 1.0
-    last = results[-1].metrics
-    assert last["cum_generated_pilot"] == sum(e["n"] for e in events if e["event"] == "pilot")
-    assert last["cum_generated_commit"] == sum(e["n"] for e in events if e["event"] == "commit")
-    assert last["cum_generated_full"] == sum(e["n"] for e in events if e["event"] == "direct")
-    assert last["cum_prompts_screened"] == sum(1 for e in events if e["event"] == "screen")
-    assert last["cum_trained_rollouts"] == sum(e["size"] for e in events if e["event"] == "train_group")
     assert all("predicted_p" in e for e in events if e["event"] in ("pilot", "direct", "screen"))
     # The features kept are bounded: the look-ahead and the buffer, never the pool.
     assert len(strategy.predictor._features) <= strategy.lookahead + len(strategy.buffer)
