@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from megatron_pc.analysis.runs import relative_path
 from megatron_pc.bench.options import parse_names
 from megatron_pc.errors import MegatronPCError
 from megatron_pc.metrics.logger import read_metrics
@@ -73,7 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_strategy(config: str, strategy: str, overrides: list[str], steps: int | None, run_dir: Path) -> float:
     """Train one strategy into ``run_dir`` (its log in ``run_dir``.log); wall seconds."""
-    cmd = [sys.executable, "-m", "megatron_pc", "train", config, f"allocation.strategy={strategy}", f"run_dir={run_dir}",
+    # Relative to the working directory (the repository root) when inside it, so kept configs
+    # name no machine's absolute prefix.
+    cmd = [sys.executable, "-m", "megatron_pc", "train", config, f"allocation.strategy={strategy}", f"run_dir={relative_path(run_dir)}",
            "logging.progress=false", *overrides, *([f"training.steps={steps}"] if steps is not None else [])]  # fmt: skip
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = run_dir.parent / f"{run_dir.name}.log"

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from megatron_pc.analysis.report import write_report
 from megatron_pc.analysis.runs import load_run, relative_path
@@ -37,3 +38,12 @@ def test_the_report_records_run_directories_relative_to_the_working_directory(tm
     recorded = [r["run_dir"] for r in summary["regimes"]["default"]["runs"]]
     assert sorted(recorded) == ["bench/grpo/seed_0", "bench/pilot_commit/seed_0"]
     assert os.fspath(tmp_path) not in (tmp_path / "out" / "summary.json").read_text()
+
+
+def test_kept_benchmark_runs_name_their_run_directory_relative_to_the_repository() -> None:
+    # bench step passes run_dir relative to the working directory; a kept config with an
+    # absolute one names the machine it was made on.
+    configs = sorted((Path(__file__).resolve().parents[2] / "results").rglob("config.yaml"))
+    assert configs
+    absolute = [str(c) for c in configs if Path(str(yaml.safe_load(c.read_text()).get("run_dir", ""))).is_absolute()]
+    assert absolute == []
