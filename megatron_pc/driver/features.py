@@ -64,6 +64,11 @@ class PolicyFeatures:
             self.tokens[key] += cost[key]
         return values
 
+    def take_tokens(self) -> dict[str, float]:
+        """The tokens forwarded since the last call."""
+        out, self.tokens = self.tokens, dict.fromkeys(self.tokens, 0.0)
+        return out
+
 
 def _policy_source(cfg: Any, data: Any, workers: Any) -> PolicyFeatures:
     return PolicyFeatures(workers.policy, data.train_tokens)
@@ -95,14 +100,14 @@ class Screen:
 
     def before_round(self, strategy: Any, step: int) -> None:
         """The strategy's wanted features, before it plans a round of ``step``."""
-        before = dict(self.source.tokens) if isinstance(self.source, PolicyFeatures) else {}
         featured, seconds = supply_features(strategy, self.source, step)
         if featured:
             cost = self.cost.setdefault(step, {"screen_prompts": 0.0, "time_screen": 0.0})
             cost["screen_prompts"] += featured
             cost["time_screen"] += seconds
-            for key, value in before.items():
-                cost[key] = cost.get(key, 0.0) + self.source.tokens[key] - value
+            tokens = self.source.take_tokens() if isinstance(self.source, PolicyFeatures) else {}
+            for key, value in tokens.items():
+                cost[key] = cost.get(key, 0.0) + value
 
     def metrics(self, step: int) -> dict[str, float]:
         """``step``'s screening cost (zeros for a step that asked for none), when the screen is on."""

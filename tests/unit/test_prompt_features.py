@@ -117,3 +117,31 @@ def test_screen_features_of_no_prompt_call_nothing_and_a_bad_id_is_named() -> No
     assert features == {} and policy.calls == [] and cost["screen_tokens"] == 0
     with pytest.raises(IndexError, match="prompt 7 is not in the token table of 7"):
         screen_features(policy, [0, 7], PROMPTS)
+
+
+def test_the_screen_counts_each_steps_policy_tokens_once() -> None:
+    from megatron_pc.driver.features import PolicyFeatures, Screen
+
+    class Asking:
+        """A strategy that wants features for the prompts it is given, one list per round."""
+
+        def __init__(self, rounds: list[list[int]]) -> None:
+            self.rounds = rounds
+            self.got: list[int] = []
+
+        def feature_requests(self) -> list[int]:
+            return self.rounds.pop(0) if self.rounds else []
+
+        def observe_features(self, features: dict, step: int) -> None:
+            self.got += sorted(features)
+
+    screen = Screen.__new__(Screen)  # its config checks are the trainer tests'; here only the counting
+    screen.source, screen.cost = PolicyFeatures(TokenSumPolicy(), PROMPTS), {}
+    strategy = Asking([[1, 3], [5], [], [2]])
+    for step in (1, 1, 1, 2):
+        screen.before_round(strategy, step)
+    first, second = screen.metrics(1), screen.metrics(2)
+    assert strategy.got == [1, 3, 5, 2]
+    assert first["screen_prompts"] == 3 and first["screen_tokens"] == LENGTHS[1] + LENGTHS[3] + LENGTHS[5]
+    assert first["screen_padded_tokens"] == 2 * 99
+    assert second["screen_tokens"] == LENGTHS[2] and screen.metrics(3) == {"screen_prompts": 0.0, "time_screen": 0.0}
