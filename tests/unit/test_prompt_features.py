@@ -1,6 +1,6 @@
 """The screen's prompt batches, DP shares and assembly (megatron_pc.training.features), and the
 driver's lookup (megatron_pc.driver.features). The forward itself is tested against transformers
-in tests/integration/test_prompt_features.py."""
+in tests/integration/test_prompt_features_megatron.py."""
 
 from __future__ import annotations
 
