@@ -13,7 +13,11 @@ online. Printed per feature set: pilots scored, Brier score and AUC of "the pilo
 keep band" (and of "too hard"), beside the same figures under the population prior
 (pc_history's prior, which knows nothing of the prompt but its own history).
 
-Feature sets are named in FEATURE_SETS below: ``(records, settings) -> source``; add one to measure it.
+Feature sets are named in FEATURE_SETS below: ``(records, settings, run config) -> source``; add one
+to measure it. Two of them read the run's START model (``model.path``, frozen for the whole replay,
+where the online ``policy`` source reads the policy of each step): ``logprob`` (the prompt's token
+log-probs: mean, sum, count) and ``start_hidden`` (the final hidden state at the last prompt token,
+what the online ``policy`` source gives at step 0).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from megatron_pc.config import from_dict, load_config, to_dict
 from megatron_pc.data.loading import load_prompts
 
 
-def _arith(records: Sequence[Any], h: HistoryConfig) -> FeatureSource:
+def _arith(records: Sequence[Any], h: HistoryConfig, cfg: Any) -> FeatureSource:
     """Hand-made features of an arithmetic prompt: operand digit counts, the operator, the length."""
 
     def vector(text: str) -> np.ndarray:
@@ -49,13 +53,68 @@ def _arith(records: Sequence[Any], h: HistoryConfig) -> FeatureSource:
     return lambda ids: {p: vector(texts[p]) for p in ids}
 
 
-FEATURE_SETS: dict[str, Callable[[Sequence[Any], HistoryConfig], FeatureSource]] = {
-    "ngrams": lambda records, h: NgramFeatures([prompt_text(r) for r in records], h.ngram_dim, h.ngram_max),
-    "ngrams_1024": lambda records, h: NgramFeatures([prompt_text(r) for r in records], 1024, h.ngram_max),
-    "ngrams_4": lambda records, h: NgramFeatures([prompt_text(r) for r in records], h.ngram_dim, 4),
+class StartModelView:
+    """The run's start model, read once per prompt: token log-probs and the last hidden state.
+
+    Prompts are encoded as the run encodes them (``encode_prompt`` with the run's data settings)
+    and forwarded one at a time in fp32 through transformers, so no padding enters the figures.
+    """
+
+    def __init__(self, records: Sequence[Any], cfg: Any) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from megatron_pc.data.tokenize import encode_prompt
+
+        path = Path(cfg.model.path)
+        if not (path / "config.json").is_file():
+            raise SystemExit(f"model.path: {path} is not a model directory; run from the run's directory or pass --root")
+        self.torch = torch
+        self.records, self.cfg = records, cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+        self.encode = lambda r: encode_prompt(r, self.tokenizer, cfg.data.max_prompt_tokens, cfg.data.chat_template)
+        self.cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def read(self, prompt: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(log-probs of tokens 1..n-1, final hidden state at token n-1)`` of one prompt."""
+        if prompt not in self.cache:
+            torch = self.torch
+            ids = torch.tensor([self.encode(self.records[prompt])])
+            with torch.no_grad():
+                out = self.model(input_ids=ids, output_hidden_states=True)
+            logp = torch.log_softmax(out.logits[0, :-1].float(), dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+            self.cache[prompt] = (logp.numpy().astype(np.float64), out.hidden_states[-1][0, -1].numpy().astype(np.float64))
+        return self.cache[prompt]
+
+
+def logprob_vector(logp: np.ndarray) -> np.ndarray:
+    """The log-prob features of a prompt: mean and sum of its token log-probs, the lowest one and
+    the mean of the last eight (the question's end, after any constant template head), and its length."""
+    if logp.size == 0:
+        return np.zeros(5)
+    return np.array([logp.mean(), logp.sum() / 10.0, logp.min(), logp[-8:].mean(), logp.size / 10.0])
+
+
+def _logprob(records: Sequence[Any], h: HistoryConfig, cfg: Any) -> FeatureSource:
+    view = StartModelView(records, cfg)
+    return lambda ids: {p: logprob_vector(view.read(p)[0]) for p in ids}
+
+
+def _start_hidden(records: Sequence[Any], h: HistoryConfig, cfg: Any) -> FeatureSource:
+    view = StartModelView(records, cfg)
+    return lambda ids: {p: view.read(p)[1] for p in ids}
+
+
+FEATURE_SETS: dict[str, Callable[[Sequence[Any], HistoryConfig, Any], FeatureSource]] = {
+    "ngrams": lambda records, h, cfg: NgramFeatures([prompt_text(r) for r in records], h.ngram_dim, h.ngram_max),
+    "ngrams_1024": lambda records, h, cfg: NgramFeatures([prompt_text(r) for r in records], 1024, h.ngram_max),
+    "ngrams_4": lambda records, h, cfg: NgramFeatures([prompt_text(r) for r in records], h.ngram_dim, 4),
     "arith": _arith,
+    "logprob": _logprob,
+    "start_hidden": _start_hidden,
 }
-"""Feature sets by name: ``(train records, history settings) -> source``."""
+"""Feature sets by name: ``(train records, history settings, the run's Config) -> source``."""
 
 
 def replay(events: list[dict[str, Any]], source: FeatureSource | None, cfg: AllocationConfig) -> dict[str, Any]:
@@ -153,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             break  # a run still writing: its torn last line
     results = {"population prior": replay(events, None, alloc)}
     for name in names:
-        results[name] = replay(events, FEATURE_SETS[name](train, alloc.history), alloc)
+        results[name] = replay(events, FEATURE_SETS[name](train, alloc.history, cfg), alloc)
     steps = max((e.get("step", 0) for e in events), default=0)
     print(f"{run_dir}: {steps} steps, {results['population prior']['pilots']:,} pilots, keep rate {results['population prior']['keep_rate']:.3f}")
     print("| features | pilots scored | Brier (keep) | AUC (keep) | population Brier | population AUC | AUC (too hard) | "
