@@ -151,7 +151,7 @@ def simulate_regime(args: argparse.Namespace, regime: Regime, rates_path: Path, 
         if real is not None and simulated is not None and real > 0 and simulated > 0:
             sim.lr *= real / simulated  # the simulated GRPO then gains about what the real one did
             result = summarize(_sim_runs(cfgs, sim, regime.name, args.validate_every), fractions)["regimes"][regime.name]
-    command = (f"megatron-pc simulate {args.config} {' '.join(args.overrides)} {' '.join(rule)} --success-rates {rates_path} "
+    command = (f"megatron-pc simulate {args.config} {' '.join(args.overrides)} {' '.join(rule)} --success-rates {relative_path(rates_path)} "
                f"--pool-size {sim.pool_size} --max-steps {sim.max_steps} --seeds {len(sim.seeds)} --learning {learning}"
                + (f" --lr {sim.lr:.4g}" if learning == "linear" else "") + f" --strategies {','.join(strategies)}")  # fmt: skip
     return {"learning": learning, "lr": sim.lr if learning == "linear" else None, "error": model_error_hint(learning, record),

@@ -47,3 +47,35 @@ def test_kept_benchmark_runs_name_their_run_directory_relative_to_the_repository
     assert configs
     absolute = [str(c) for c in configs if Path(str(yaml.safe_load(c.read_text()).get("run_dir", ""))).is_absolute()]
     assert absolute == []
+
+
+def test_kept_reports_name_no_absolute_path_under_the_repository_root() -> None:
+    # The benchmark's report and summary (the simulator's command among them) record paths
+    # relative to the root they ran in; a kept file naming an absolute path of another machine
+    # points at nothing on the reader's. Paths from '/' in kept text: only system ones.
+    results = Path(__file__).resolve().parents[2] / "results"
+    kept = sorted([*results.rglob("summary.json"), *results.rglob("report.md"), *results.rglob("config.yaml")])
+    assert kept
+    offending = [f"{p.relative_to(results)}: {line.strip()[:120]}" for p in kept for line in p.read_text().splitlines()
+                 if "--success-rates /" in line or '"/work/' in line or " /work/" in line or "/home/" in line]  # fmt: skip
+    assert offending == []
+
+
+def test_the_simulator_command_names_the_rates_file_relative_to_the_working_directory(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the benchmark records as "reproduce": the rates file as the reader's checkout has it.
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from megatron_pc.bench.rollouts_calibration import simulate_regime
+
+    monkeypatch.chdir(tmp_path)
+    rates = tmp_path / "bench" / "mixed" / "success_rates.json"
+    rates.parent.mkdir(parents=True)
+    rates.write_text(json.dumps({"rates": [i / 20 for i in range(21)] * 5, "samples": 16}))
+    config = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+    args = Namespace(config=str(config), overrides=[], train_size=200, val_size=40, steps=2, seeds=1, validate_every=1)
+    measured = {"strategies": {"pilot_commit": {}, "grpo": {}}, "final_gain": {}}
+    got = simulate_regime(args, SimpleNamespace(name="mixed"), rates.resolve(), measured, (0.5,))
+    assert "--success-rates bench/mixed/success_rates.json " in got["command"]
+    assert os.fspath(tmp_path) not in got["command"].replace(str(config), "")
