@@ -136,6 +136,18 @@ def markdown(table: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def equal_runs_from(directories: list[str], bench_dir: str | Path) -> tuple[list[Run], list[str]]:
+    """The 1-update runs of ``directories`` whose regime started from the model ``bench_dir``
+    recorded, and ``REGIME (DIR)`` for each regime left out because it did not."""
+    equal: list[Run] = []
+    left_out: list[str] = []
+    for directory in directories:
+        kept, dropped = same_start(find_runs(directory), directory, bench_dir)
+        equal += kept
+        left_out += [f"{regime} ({directory})" for regime in dropped]
+    return equal, left_out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``megatron-pc decompose BENCH_DIR [--equal-runs DIR...] [--out DIR]``."""
     parser = argparse.ArgumentParser(prog="megatron-pc decompose", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
@@ -146,12 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-fractions", default=",".join(map(str, TARGET_FRACTIONS)))
     args = parser.parse_args(argv)
     fractions = parse_fractions(args.target_fractions)
-    equal: list[Run] = []
-    left_out: list[str] = []
-    for directory in args.equal_runs:
-        kept, dropped = same_start(find_runs(directory), directory, args.bench_dir)
-        equal += kept
-        left_out += [f"{regime} ({directory})" for regime in dropped]
+    equal, left_out = equal_runs_from(args.equal_runs, args.bench_dir)
     table = decompose(find_runs(args.bench_dir), equal, fractions)
     table["equal_left_out"] = left_out
     out = Path(args.out)

@@ -92,9 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--simulator-learning", choices=("fitted", "linear"), default="fitted",
                         help="the simulator's learning model (megatron-pc simulate --learning)")  # fmt: skip
     parser.add_argument("--target-fractions", default="0.25,0.5,0.75", help="targets as shares of the smallest final gain")
-    parser.add_argument("--equal-runs", default=None,
-                        help="a kept benchmark of 1 update a step (e.g. results/bench_rollouts): its GRPO/PC ratios join the "
-                             "decomposition table, for regimes that started from the same model")  # fmt: skip
+    parser.add_argument("--equal-runs", action="append", default=[], metavar="DIR",
+                        help="a kept benchmark of 1 update a step (e.g. results/bench_rollouts; repeat the flag for several): its "
+                             "GRPO/PC ratios join the decomposition table, for regimes that started from the same model")  # fmt: skip
     parser.add_argument("--out", default="runs/bench_rollouts", help="benchmark directory (runs, report.md, summary.json, PNGs)")
     return parser
 
@@ -399,8 +399,7 @@ def _decomposition_section(args: argparse.Namespace, runs: list[Run], fractions:
     1-update runs of --equal-runs where they started from the same model; into summary.json."""
     from megatron_pc.analysis import decompose
 
-    equal, left_out = (decompose.same_start(decompose.find_runs(args.equal_runs), args.equal_runs, out)
-                       if args.equal_runs else (None, []))  # fmt: skip
+    equal, left_out = decompose.equal_runs_from(args.equal_runs, out) if args.equal_runs else (None, [])
     table = decompose.decompose(runs, equal, fractions)
     table["equal_left_out"] = left_out
     extra["decomposition"] = table

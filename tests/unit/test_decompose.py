@@ -82,3 +82,20 @@ def test_unfinished_runs_are_not_counted_and_an_empty_directory_is_named(tmp_pat
         find_runs(tmp_path / "b")
     with pytest.raises(MegatronPCError, match="does not exist"):
         find_runs(tmp_path / "nope")
+
+
+def test_bench_rollouts_takes_several_equal_benchmarks_and_fills_the_column_from_the_same_start(tmp_path: Path) -> None:
+    # `bench rollouts --equal-runs A --equal-runs B`: as `decompose --equal-runs A B`, each
+    # directory's regimes kept only where they started from the bench's own start model.
+    from megatron_pc.analysis.decompose import equal_runs_from
+    from megatron_pc.bench.rollouts import _parser
+
+    args = _parser().parse_args(["--equal-runs", "one", "--equal-runs", "two", "--regimes", "hard"])
+    assert args.equal_runs == ["one", "two"] and args.overrides == []
+    _bench(tmp_path / "rules")
+    _write(tmp_path / "equal", "hard", "grpo", 0, 80, "grpo", sha="b" * 64)
+    _write(tmp_path / "equal2", "hard", "pilot_commit", 0, 100, "pilot_commit")
+    _write(tmp_path / "equal2", "hard", "grpo", 0, 80, "grpo")
+    runs, left_out = equal_runs_from([str(tmp_path / "equal"), str(tmp_path / "equal2")], tmp_path / "rules")
+    assert sorted(r.strategy for r in runs) == ["grpo", "pilot_commit"] and {r.run_dir.parts[-4] for r in runs} == {"equal2"}
+    assert left_out == [f"hard ({tmp_path / 'equal'})"]
