@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -49,16 +50,24 @@ def test_kept_benchmark_runs_name_their_run_directory_relative_to_the_repository
     assert absolute == []
 
 
-def test_kept_reports_name_no_absolute_path_under_the_repository_root() -> None:
+ABSOLUTE_PATH = re.compile(r'(?:^|[ "(`=:])(/[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]*)')
+"""An absolute path in kept text (a URL's ``//`` does not match)."""
+
+
+def test_kept_reports_name_no_absolute_path() -> None:
     # The benchmark's report and summary (the simulator's command among them) record paths
-    # relative to the root they ran in; a kept file naming an absolute path of another machine
-    # points at nothing on the reader's. Paths from '/' in kept text: only system ones.
+    # relative to the root they ran in; a kept file naming an absolute path of the machine it
+    # was made on points at nothing on the reader's.
     results = Path(__file__).resolve().parents[2] / "results"
     kept = sorted([*results.rglob("summary.json"), *results.rglob("report.md"), *results.rglob("config.yaml")])
     assert kept
-    offending = [f"{p.relative_to(results)}: {line.strip()[:120]}" for p in kept for line in p.read_text().splitlines()
-                 if "--success-rates /" in line or '"/work/' in line or " /work/" in line or "/home/" in line]  # fmt: skip
+    offending = [f"{p.relative_to(results)}: {m.group(1)}" for p in kept for m in ABSOLUTE_PATH.finditer(p.read_text())]
     assert offending == []
+
+
+def test_the_absolute_path_pattern_finds_paths_and_not_urls() -> None:
+    found = [m.group(1) for m in ABSOLUTE_PATH.finditer('--success-rates /srv/x/rates.json "/a/b" https://example.org/a')]
+    assert found == ["/srv/x/rates.json", "/a/b"]
 
 
 def test_the_simulator_command_names_the_rates_file_relative_to_the_working_directory(tmp_path: Path,
