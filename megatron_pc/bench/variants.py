@@ -89,6 +89,8 @@ VARIANTS: dict[str, Variant] = {
                           lambda tb: ("allocation.history.preset=history_aware",)),  # fmt: skip
     "pc_screen": Variant("pilot_commit", "history-aware Pilot-Commit with the screen's predicted priors (docs/screen.md)",
                          lambda tb: ("allocation.history.preset=screen",)),  # fmt: skip
+    "pc_screen_policy": Variant("pilot_commit", "pc_screen fed the policy's hidden state at the last prompt token (features: policy) in place of n-grams",
+                                lambda tb: ("allocation.history.preset=screen", "allocation.history.features=policy")),  # fmt: skip
     "grpo_fair": Variant("grpo", "GRPO whose loss mean counts only the tokens of groups with a nonzero advantage",
                          lambda tb: ("training.loss_denominator=informative",)),  # fmt: skip
     "dapo_3x": Variant("dapo", "DAPO drawing 3 x the train batch of prompts per round, as the recipe",

@@ -126,3 +126,12 @@ def test_the_report_shows_each_labels_rule_and_variant(tmp_path: Path) -> None:
     report = markdown(summary, [])
     assert "| target | pilot_commit [equal/1] | grpo [equal/1] | pc_history [equal/1] | grpo/PC | pc_history/PC |" in report
     assert "| grpo | equal/1 | none | 1 |" in report
+
+
+def test_the_screen_variants_differ_only_in_their_feature_source(tmp_path: Path) -> None:
+    jobs = _jobs(tmp_path, "--update-rule", "reference", "--variants", "pc_screen,pc_screen_policy")
+    cfg = {label: load_config(CONFIG, list(job.overrides)).allocation.history for label, job in jobs.items()}
+    assert (cfg["pc_screen"].preset, cfg["pc_screen"].features) == ("screen", "ngrams")
+    assert (cfg["pc_screen_policy"].preset, cfg["pc_screen_policy"].features) == ("screen", "policy")
+    assert jobs["pc_screen_policy"].run_dir.parent.name == "pc_screen_policy@reference"
+    assert {label: _updates(job) for label, job in jobs.items() if label.startswith("pc_")} == {"pc_screen": 6, "pc_screen_policy": 6}
