@@ -232,13 +232,12 @@ def step_updates(cfg: Config, alloc: AllocationConfig, groups: list[TrainGroup])
     return math.ceil(sum(g.size for g in groups) / size)
 
 
-LABELS = {"pc_history": ("pilot_commit", {"preset": "history_aware"}), "pc_screen": ("pilot_commit", {"preset": "screen"}),
-          "pc_screen_policy": ("pilot_commit", {"preset": "screen"})}
+LABELS = {"pc_history": ("pilot_commit", {"preset": "history_aware"}), "pc_screen": ("pilot_commit", {"preset": "screen"})}
 """Names ``--strategies`` also takes: (strategy, allocation.history settings). ``pc_history`` is
 history-aware Pilot-Commit with the config's history parameters (docs/history_aware.md);
 ``pc_screen`` adds the screen's predictor (docs/screen.md), which in the simulator has no prompt
-text and so no features: it runs on the population prior, as pc_history does (``pc_screen_policy``,
-the screen fed the policy's hidden state, likewise)."""
+text and so no features: it runs on the population prior, as pc_history does. The benchmark's
+``pc_screen_policy`` differs from pc_screen only in its features, so it is not simulated apart."""
 
 
 def _with_strategy(cfg: Config, strategy: str) -> AllocationConfig:
