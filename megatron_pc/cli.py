@@ -13,7 +13,7 @@ COMMANDS = CommandTable("megatron-pc", {
     "train": ("megatron_pc.driver.train:main", "train a policy (default: the tiny CPU configuration)"),
     "simulate": ("megatron_pc.analysis.simulate:main", "compare allocation strategies on a simulated policy"),
     "fit-simulator": ("megatron_pc.analysis.simulate_fit:main", "fit the simulator's learning model to benchmark runs; print its held-out error"),
-    "bench": ("megatron_pc.bench.cli:main", "benchmarks: controller, train, rollout, convert, step, rollouts"),
+    "bench": ("benchmarks.cli:main", "benchmarks: controller, train, rollout, convert, step, rollouts"),
     "score": ("megatron_pc.training.score:main", "per-token log-probs of given responses under a model"),
     "convert": ("conversion.cli:main", "convert checkpoints: hf-to-megatron | megatron-to-hf"),
     "make-tiny-model": ("megatron_pc.models.tiny:main", "make the tiny CPU model (warm-up on arithmetic)"),

@@ -1,6 +1,6 @@
-"""Print the package-level import graph of megatron_pc and conversion, and its circles.
+"""Print the package-level import graph of megatron_pc, conversion and benchmarks, and its circles.
 
-A node is a package (``megatron_pc.bench``, ``megatron_pc.config`` for a top-level module,
+A node is a package (``megatron_pc.driver``, ``megatron_pc.config`` for a top-level module,
 ``conversion``), except that a component's config dataclass module (``megatron_pc.cluster.config``)
 is a node of its own: the config layer sits below the root :mod:`megatron_pc.config`, which
 composes it, while the component's runtime code sits above (docs/architecture.md). An arrow
@@ -26,19 +26,19 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP_PACKAGES = ("megatron_pc", "conversion")
+TOP_PACKAGES = ("megatron_pc", "conversion", "benchmarks")
 LEAF_OK = ("megatron_pc.errors", "megatron_pc.fields")
 """What a component config module may import besides its own package."""
 FORBIDDEN: tuple[tuple[str, str, str], ...] = (
     ("megatron_pc", "conversion", "conversion/ builds on the product; the product checks HF weights with models/hf_check.py"),
-    ("megatron_pc.analysis", "megatron_pc.bench", "analysis is for users' runs; benchmarks build on it, not the reverse"),
+    ("megatron_pc", "benchmarks", "benchmarks sit beside the product and build on it (analysis/ included), never the reverse"),
     ("megatron_pc.metrics", "megatron_pc.launch", "model shapes are models/shapes.py"),
 )
 """(importer prefix, imported prefix, why): arrows that must not exist."""
 
 
 def module_name(path: Path, root: Path) -> str:
-    """``megatron_pc/bench/step.py`` -> ``megatron_pc.bench.step`` (``__init__`` -> its package)."""
+    """``megatron_pc/driver/trainer.py`` -> ``megatron_pc.driver.trainer`` (``__init__`` -> its package)."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -46,11 +46,11 @@ def module_name(path: Path, root: Path) -> str:
 
 
 def node_of(module: str) -> str:
-    """The graph node of a module: its first two dotted parts (``megatron_pc.bench``), or the
+    """The graph node of a module: its first two dotted parts (``megatron_pc.driver``), or the
     module itself for a component's config module (``megatron_pc.cluster.config``)."""
     parts = module.split(".")
-    if parts[0] == "conversion":
-        return "conversion"
+    if parts[0] in ("conversion", "benchmarks"):
+        return parts[0]
     if len(parts) == 3 and parts[2] == "config":
         return module
     return ".".join(parts[:2])

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from megatron_pc.allocation.config import AllocationConfig, HistoryConfig
-from megatron_pc.allocation.features import FeatureSource, NgramFeatures, prompt_text
+from megatron_pc.allocation.feature_sources import FeatureSource, NgramFeatures, prompt_text
 from megatron_pc.allocation.history import PromptHistory
 from megatron_pc.allocation.predictor import ScreenPredictor, apart, auc, brier
 from megatron_pc.config import from_dict, load_config, to_dict

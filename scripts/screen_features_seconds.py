@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seconds and tokens of the screen's prefill (megatron_pc.driver.features) on a run's policy ranks.
+"""Seconds and tokens of the screen's prefill (megatron_pc.driver.screen) on a run's policy ranks.
 
     .venv/bin/python scripts/screen_features_seconds.py [CONFIG] [OVERRIDES...] [--prompts 256] [--repeats 3]
 
@@ -32,7 +32,7 @@ def main() -> int:
     """Time the screen; a non-zero exit when the features differ from transformers'."""
     from megatron_pc.cluster import groups as G
     from megatron_pc.config import load_config
-    from megatron_pc.driver.features import screen_features
+    from megatron_pc.driver.screen import screen_features
     from megatron_pc.driver.prepare import prepare
     from megatron_pc.platform import devices
 

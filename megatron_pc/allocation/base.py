@@ -165,7 +165,7 @@ class AllocationStrategy(ABC):
         self.round = 0
         return result
 
-    # ---- features (the screen's predictor; megatron_pc.allocation.features) --------------
+    # ---- features (the screen's predictor; megatron_pc.allocation.feature_sources) --------------
     def feature_requests(self) -> list[int]:
         """Prompts whose features the next rounds want (ask before every ``plan_round``): the new
         prompts the strategy may draw next, a bounded look-ahead, less those it holds already.

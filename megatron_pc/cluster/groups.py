@@ -302,8 +302,8 @@ class MegatronGroup:
         """The final hidden state (after the final norm, fp32) at each prompt's last token: an
         ``[len(prompts), hidden]`` array in order, and the tokens forwarded (``tokens``,
         ``padded_tokens``). The prompts (token-id vectors) go into the object store once; each
-        DP group forwards its share (megatron_pc.training.features)."""
-        from megatron_pc.training.features import assemble_features
+        DP group forwards its share (megatron_pc.training.prompt_features)."""
+        from megatron_pc.training.prompt_features import assemble_features
 
         ref = _import_ray().put(list(prompts))
         return assemble_features(self.call_all("prompt_features", ref), len(prompts))

@@ -30,9 +30,9 @@ from megatron_pc.driver.checkpoints import CheckpointManager, on_preemption
 from megatron_pc.driver.engines import RestartingEngines
 from megatron_pc.driver.evaluation import Evaluator, decode_and_score
 from megatron_pc.driver.faults import Injector
-from megatron_pc.driver.features import Screen
+from megatron_pc.driver.screen import Screen
 from megatron_pc.driver.pipeline import Generated, Versions, pipeline_state, resume_pipeline, warn_uncorrected_lag
-from megatron_pc.driver.rollouts import answers_of, generate_round, resolve_round, to_rollouts
+from megatron_pc.driver.rounds import answers_of, generate_round, resolve_round, to_rollouts
 from megatron_pc.driver.sync_check import SyncCheck, pair_precision
 from megatron_pc.driver.update import PolicyGroup, update_policy
 from megatron_pc.errors import MegatronPCError

@@ -13,7 +13,7 @@ Readers of phases take named subsets of :data:`PHASES`, in its order, never thei
 from __future__ import annotations
 
 PHASES: tuple[str, ...] = (
-    "screen",  # prompt features for a screen (megatron_pc.driver.features): a prefill on the policy ranks
+    "screen",  # prompt features for a screen (megatron_pc.driver.screen): a prefill on the policy ranks
     "generate",  # the rounds' engine calls
     "reward",  # decode and grade every sample
     "dispatch",  # each DP group's rows into the object store, loaded on the ranks

@@ -21,10 +21,10 @@ from megatron_pc import platform
 from megatron_pc.models.config import ModelConfig
 from megatron_pc.models.hf_config import HFArch, load_arch
 from megatron_pc.models.hf_weights import load_hf_weights
-from megatron_pc.training import features, steps
+from megatron_pc.training import prompt_features as features, steps
 from megatron_pc.training.batching import MicroBatch, Sequence, loss_denominator, micro_batches
 from megatron_pc.training.config import TrainingConfig
-from megatron_pc.training.features import PromptFeatures, PromptTokens
+from megatron_pc.training.prompt_features import PromptFeatures, PromptTokens
 from megatron_pc.training.memory import offload_for_generation, reload_for_training
 from megatron_pc.training.setup import build_model, build_optimizer
 
@@ -112,10 +112,10 @@ class ReferenceWorker:
     @torch.no_grad()
     def prompt_features(self, prompts: list[PromptTokens]) -> PromptFeatures | None:
         """The final hidden state (after the final norm, fp32) at each prompt's last token,
-        from a prefill of the prompts alone (megatron_pc.training.features). ``prompts`` is the
+        from a prefill of the prompts alone (megatron_pc.training.prompt_features). ``prompts`` is the
         global list, the same on every rank: each DP group forwards its share, and the last
         pipeline stage's TP rank 0 returns the group's part; every other rank returns None
-        (:func:`~megatron_pc.training.features.assemble_features` joins the parts)."""
+        (:func:`~megatron_pc.training.prompt_features.assemble_features` joins the parts)."""
         from megatron.core import parallel_state as ps
 
         features.check_supported()

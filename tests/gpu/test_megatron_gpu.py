@@ -221,7 +221,7 @@ def test_export_to_hf_names_and_back_is_bit_exact(world: None, tmp_path: Path, m
 
 def test_bf16_prompt_features_match_transformers_last_hidden_state(world: None, hf_dirs: dict[str, Path],
                                                                     record_figure: Callable[..., None]) -> None:
-    """The screen's features (megatron_pc.training.features) under the GPU's spec (TE's final
+    """The screen's features (megatron_pc.training.prompt_features) under the GPU's spec (TE's final
     norm when installed) and bf16: transformers' hidden_states[-1] at each prompt's last token."""
     import transformers
 

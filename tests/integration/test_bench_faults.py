@@ -34,7 +34,7 @@ def test_quick_fault_suite_survives_every_fault_refuses_every_bad_input_and_lose
 
 
 def test_a_fault_that_is_not_survived_is_reported_and_fails_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from megatron_pc.bench import faults
+    from benchmarks import faults
 
     # With checkpoint verification switched off, every damaged checkpoint would be resumed from:
     # the suite must count each case as not survived.

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from megatron_pc.allocation.check import check_trace
-from megatron_pc.bench.rollouts import model_fingerprint
+from benchmarks.strategies import model_fingerprint
 from megatron_pc.config import load_config
 
 pytestmark = pytest.mark.integration

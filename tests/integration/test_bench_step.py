@@ -15,7 +15,7 @@ from test_train_e2e import FAST  # noqa: E402  (the fast overrides of the driver
 
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
-from megatron_pc.bench.step import rollouts_to_reach, summarise
+from benchmarks.step import rollouts_to_reach, summarise
 from megatron_pc.config import load_config
 from megatron_pc.metrics.logger import read_metrics
 

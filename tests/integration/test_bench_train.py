@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_pc.bench.train import main, make_sequences
+from benchmarks.train import main, make_sequences
 
 pytestmark = pytest.mark.integration
 

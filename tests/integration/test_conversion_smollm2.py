@@ -85,7 +85,7 @@ def test_exported_smollm2_loads_in_vllm_and_matches_transformers_greedy(smollm2:
 
 def test_bench_convert_prints_time_and_peak_memory_both_ways(smollm2: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture) -> None:
-    from megatron_pc.bench.cli import main
+    from benchmarks.cli import main
 
     assert main(["convert", "--hf", str(smollm2), "--work-dir", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -1,4 +1,4 @@
-"""The screen's prompt features (megatron_pc.training.features) are transformers' last hidden
+"""The screen's prompt features (megatron_pc.training.prompt_features) are transformers' last hidden
 state (after the final norm) at each prompt's last real token, through padding, micro-batches,
 the pipeline's last stage and the DP split."""
 
@@ -11,7 +11,7 @@ import torch
 
 from helpers.models import VOCAB, make_hf_model
 from megatron_helpers import job_prompt_features
-from megatron_pc.training.features import assemble_features
+from megatron_pc.training.prompt_features import assemble_features
 from megatron_pc.training.launch import run_distributed
 
 pytestmark = pytest.mark.integration

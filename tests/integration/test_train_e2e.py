@@ -14,7 +14,7 @@ import pytest
 
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.trace import read_trace
-from megatron_pc.bench.faults import TINY_GRACE_S, differences, kill_actor_after_step_1, kill_actor_when, log_grows_with, train, train_command
+from benchmarks.faults import TINY_GRACE_S, differences, kill_actor_after_step_1, kill_actor_when, log_grows_with, train, train_command
 from megatron_pc.config import load_config
 from megatron_pc.driver.checkpoints import verify
 from megatron_pc.driver.faults import Fault

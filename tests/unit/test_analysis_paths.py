@@ -76,7 +76,7 @@ def test_the_simulator_command_names_the_rates_file_relative_to_the_working_dire
     from argparse import Namespace
     from types import SimpleNamespace
 
-    from megatron_pc.bench.rollouts_calibration import simulate_regime
+    from benchmarks.calibration import simulate_regime
 
     monkeypatch.chdir(tmp_path)
     rates = tmp_path / "bench" / "mixed" / "success_rates.json"

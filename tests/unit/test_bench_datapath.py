@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from megatron_pc.bench import datapath
+from benchmarks import datapath
 
 
 def test_after_every_token_crosses_once_and_the_peak_stays_under_two_copies(capsys) -> None:

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from megatron_pc.allocation import Rollout, TrainGroup
-from megatron_pc.bench import rollouts as bench
+from benchmarks import strategies as bench
 from megatron_pc.analysis.runs import load_run, rule_of_config
-from megatron_pc.bench.variants import CONTROLS, VARIANTS, UpdateRule, parse_rule
+from benchmarks.variants import CONTROLS, VARIANTS, UpdateRule, parse_rule
 from megatron_pc.config import load_config
 from megatron_pc.driver.update import plan_rows
 from megatron_pc.errors import MegatronPCError

@@ -1,5 +1,5 @@
 """The one dispatch mechanism of ``megatron-pc`` and ``megatron-pc bench`` (megatron_pc/commands.py),
-and the comma-list option parser the benchmarks share (megatron_pc/bench/options.py)."""
+and the comma-list option parser the benchmarks share (benchmarks/options.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from megatron_pc.bench.cli import BENCHES
-from megatron_pc.bench.options import parse_names
+from benchmarks.cli import BENCHES
+from benchmarks.options import parse_names
 from megatron_pc.cli import COMMANDS
 from megatron_pc.commands import CommandTable
 from megatron_pc.errors import MegatronPCError

@@ -88,7 +88,7 @@ def test_bench_rollouts_takes_several_equal_benchmarks_and_fills_the_column_from
     # `bench rollouts --equal-runs A --equal-runs B`: as `decompose --equal-runs A B`, each
     # directory's regimes kept only where they started from the bench's own start model.
     from megatron_pc.analysis.decompose import equal_runs_from
-    from megatron_pc.bench.rollouts import _parser
+    from benchmarks.strategies import _parser
 
     args = _parser().parse_args(["--equal-runs", "one", "--equal-runs", "two", "--regimes", "hard"])
     assert args.equal_runs == ["one", "two"] and args.overrides == []

@@ -20,8 +20,8 @@ from safetensors.torch import load_file, save_file
 
 from megatron_pc.models.hf_check import check_hf_weights
 from megatron_pc.errors import ConversionError
-from megatron_pc.bench.faults import policy_writer
-from megatron_pc.bench.faults_inputs import tiny_hf_model
+from benchmarks.faults import policy_writer
+from benchmarks.faults_inputs import tiny_hf_model
 from megatron_pc.driver.checkpoints import CheckpointManager
 from megatron_pc.errors import MegatronPCError
 

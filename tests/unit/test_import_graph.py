@@ -1,6 +1,6 @@
 """The import rules of docs/architecture.md, checked over the source with ast
 (scripts/import_graph.py): no circle among packages or modules, no forbidden arrow (the product
-never imports conversion/, analysis/ never imports bench/), and component configs are leaves."""
+never imports conversion/, nor benchmarks/), and component configs are leaves."""
 
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ def test_response_metrics_count_lengths_and_truncation() -> None:
 
 
 def test_bench_step_takes_overrides_without_a_config_and_after_the_options() -> None:
-    from megatron_pc.bench.step import parse_args
+    from benchmarks.step import parse_args
 
     args = parse_args(["--strategies", "grpo", "training.mini_batch=8", "--json"])
     assert (args.config, args.overrides, args.strategies, args.json) == ("configs/tiny_cpu.yaml", ["training.mini_batch=8"], "grpo", True)

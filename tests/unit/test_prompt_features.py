@@ -1,5 +1,5 @@
-"""The screen's prompt batches, DP shares and assembly (megatron_pc.training.features), and the
-driver's lookup (megatron_pc.driver.features). The forward itself is tested against transformers
+"""The screen's prompt batches, DP shares and assembly (megatron_pc.training.prompt_features), and the
+driver's lookup (megatron_pc.driver.screen). The forward itself is tested against transformers
 in tests/integration/test_prompt_features_megatron.py."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_pc.driver.features import SCREEN_METRICS, screen_features
-from megatron_pc.training.features import PromptFeatures, assemble_features, dp_share, hidden_states_out, prompt_batches
+from megatron_pc.driver.screen import SCREEN_METRICS, screen_features
+from megatron_pc.training.prompt_features import PromptFeatures, assemble_features, dp_share, hidden_states_out, prompt_batches
 
 LENGTHS = [3, 11, 1, 6, 6, 9, 2]
 PROMPTS = [list(range(10 * i + 1, 10 * i + 1 + n)) for i, n in enumerate(LENGTHS)]
@@ -120,7 +120,7 @@ def test_screen_features_of_no_prompt_call_nothing_and_a_bad_id_is_named() -> No
 
 
 def test_the_screen_counts_each_steps_policy_tokens_once() -> None:
-    from megatron_pc.driver.features import PolicyFeatures, Screen
+    from megatron_pc.driver.screen import PolicyFeatures, Screen
 
     class Asking:
         """A strategy that wants features for the prompts it is given, one list per round."""

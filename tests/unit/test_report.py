@@ -16,7 +16,7 @@ import yaml
 from megatron_pc.analysis.regimes import REGIMES, parse_regimes
 from megatron_pc.analysis.report import choose_targets, compare, first_reach, ratio, spread
 from megatron_pc.analysis.runs import Point, Run, load_run, step_train_seconds
-from megatron_pc.bench.rollouts_calibration import matched_grpo_batch, predicted_keep_rate, sized_pilot_batch, zero_variance_share
+from benchmarks.calibration import matched_grpo_batch, predicted_keep_rate, sized_pilot_batch, zero_variance_share
 from megatron_pc.cli import main
 from megatron_pc.data.arithmetic import MIXES, Cell, Mix, mix_prompts
 from megatron_pc.data.builtin import BUILTIN_SOURCES
@@ -247,7 +247,7 @@ def test_predicted_keep_rate_and_zero_variance_share_from_measured_rates() -> No
 
 
 def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path: Path) -> None:
-    from megatron_pc.bench.rollouts import Job, check_same_config
+    from benchmarks.strategies import Job, check_same_config
     from megatron_pc.config import load_config, to_dict
 
     run_dir = tmp_path / "paper_like" / "grpo" / "seed_0"
@@ -261,7 +261,7 @@ def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path: Path)
 
 
 def test_runs_of_one_seed_that_started_from_another_model_are_refused_by_name() -> None:
-    from megatron_pc.bench.rollouts import check_same_start
+    from benchmarks.strategies import check_same_start
 
     runs = [_run(s, [0.30, 0.35, 0.40], seed) for s in ("pilot_commit", "grpo", "pc_history") for seed in (0, 1)]
     for run in runs:  # one start model: each seed validates alike at step 0, whatever the strategy
@@ -284,7 +284,7 @@ def _model_dir(path: Path, weights: bytes) -> Path:
 
 
 def test_a_regime_records_its_start_model_and_refuses_another(tmp_path: Path, capsys) -> None:
-    from megatron_pc.bench.rollouts import check_start_model, model_fingerprint
+    from benchmarks.strategies import check_start_model, model_fingerprint
     from megatron_pc.config import load_config
 
     model = _model_dir(tmp_path / "model", b"weights made here")
@@ -307,7 +307,7 @@ def test_a_regime_records_its_start_model_and_refuses_another(tmp_path: Path, ca
 
 def _kept_run(tmp_path: Path, steps: int) -> tuple[Path, object]:
     """A finished benchmark run kept without checkpoints: config.yaml and metrics.jsonl only."""
-    from megatron_pc.bench.rollouts import Job
+    from benchmarks.strategies import Job
     from megatron_pc.config import load_config, to_dict
 
     run_dir = tmp_path / "bench" / "paper_like" / "grpo" / "seed_0"
@@ -321,7 +321,7 @@ def _kept_run(tmp_path: Path, steps: int) -> tuple[Path, object]:
 
 
 def test_a_finished_run_kept_without_checkpoints_is_reused_and_a_short_one_is_refused(tmp_path: Path, capsys) -> None:
-    from megatron_pc.bench.rollouts import Progress, finished_steps, run_job
+    from benchmarks.strategies import Progress, finished_steps, run_job
 
     run_dir, job = _kept_run(tmp_path, 6)
     assert finished_steps(run_dir) == 6
@@ -354,7 +354,7 @@ def test_bench_results_script_keeps_finished_runs_small_and_puts_them_back(tmp_p
 def test_bench_results_script_keeps_the_start_model_and_puts_it_back_where_none_is(tmp_path: Path) -> None:
     import subprocess
 
-    from megatron_pc.bench.rollouts import model_fingerprint
+    from benchmarks.strategies import model_fingerprint
 
     run_dir, _ = _kept_run(tmp_path, 3)
     model = _model_dir(tmp_path / "models" / "tiny", b"the start weights")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from megatron_pc.allocation import Request, Rollout, RoundPlan, TrainGroup
-from megatron_pc.driver.rollouts import PromptRequest, answers_of, resolve_round, to_rollouts
+from megatron_pc.driver.rounds import PromptRequest, answers_of, resolve_round, to_rollouts
 from megatron_pc.driver.update import groups_to_sequences
 from megatron_pc.rollout.base import GenerationResult, Sample, merge_results
 from megatron_pc.training.payload import as_payload

@@ -109,7 +109,7 @@ def test_a_checkpoint_the_filesystem_refuses_leaves_nothing_half_written_and_the
     import subprocess
     import sys
 
-    from megatron_pc.bench.faults import SAVE_PAST_LIMIT  # the fault suite's case, run here alone
+    from benchmarks.faults import SAVE_PAST_LIMIT  # the fault suite's case, run here alone
 
     out = subprocess.run([sys.executable, "-c", SAVE_PAST_LIMIT, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

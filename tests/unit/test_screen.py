@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from megatron_pc.allocation import AllocationStrategy, StepResult, build_strategy
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.config import AllocationConfig, HistoryConfig, PilotConfig
-from megatron_pc.allocation.features import NgramFeatures, check_feature_source, ngram_vector, supply_features
+from megatron_pc.allocation.feature_sources import NgramFeatures, check_feature_source, ngram_vector, supply_features
 from megatron_pc.allocation.predictor import ScreenPredictor, auc, brier
 from megatron_pc.allocation.trace import ListTrace
 from megatron_pc.errors import ConfigError
@@ -181,12 +181,12 @@ def test_bad_screen_settings_are_refused_by_name(field: str, value: float) -> No
 
 
 def test_policy_features_are_refused_until_a_source_is_registered(monkeypatch: pytest.MonkeyPatch) -> None:
-    from megatron_pc.allocation import features
+    from megatron_pc.allocation import feature_sources as features
 
     class Cfg:
         allocation = AllocationConfig(history=HistoryConfig(preset="screen", features="policy"))
 
-    monkeypatch.setattr(features, "FEATURE_SOURCES", {})  # as before megatron_pc.driver.features registers it
+    monkeypatch.setattr(features, "FEATURE_SOURCES", {})  # as before megatron_pc.driver.screen registers it
     with pytest.raises(ConfigError, match="allocation.history.features"):
         check_feature_source(Cfg())
     features.register_feature_source("policy", lambda cfg, data, workers: lambda ids: {})

@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def run_setting(cfg: Any, mean: float, std: float, pool: int, args: argparse.Namespace, fractions: tuple[float, ...]) -> dict[str, Any]:
     """Every strategy on one setting: targets, medians and spreads, the verdict per target."""
-    from megatron_pc.bench.rollouts_calibration import _sim_runs
+    from benchmarks.calibration import _sim_runs
     from megatron_pc.analysis.simulate import SimConfig, SimulatedPolicy
 
     sim = SimConfig(pool_size=pool, validation_size=1000, difficulty_mean=mean, difficulty_std=std, target_accuracy=float("inf"),

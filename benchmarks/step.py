@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_pc.analysis.runs import relative_path
-from megatron_pc.bench.options import parse_names
+from benchmarks.options import parse_names
 from megatron_pc.errors import MegatronPCError
 from megatron_pc.metrics.logger import read_metrics
 from megatron_pc.metrics.phases import BREAKDOWN_PHASES

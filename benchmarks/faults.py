@@ -372,7 +372,7 @@ def offline(tally: Tally, work: Path) -> None:
     _damaged_checkpoints(tally, work / "ckpt")
     _file_size_limit(tally, work / "fsize")
     _reward_faults(tally)
-    from megatron_pc.bench import faults_inputs
+    from benchmarks import faults_inputs
 
     faults_inputs.bad_inputs(tally, work / "inputs")
 

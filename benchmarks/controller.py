@@ -25,7 +25,7 @@ import numpy as np
 
 from megatron_pc.allocation import Rollout, build_strategy
 from megatron_pc.allocation.config import AllocationConfig, HistoryConfig, PilotConfig
-from megatron_pc.allocation.features import supply_features
+from megatron_pc.allocation.feature_sources import supply_features
 
 SCREEN_FEATURES = 256
 

@@ -94,7 +94,7 @@ def make_feature_source(cfg: Any, data: Any, workers: Any = None) -> FeatureSour
         raise ConfigError(
             "allocation.history.features",
             f"{h.features!r} features are not available in this build (no driver source registered for them); "
-            "use 'ngrams', or register the source with megatron_pc.allocation.features.register_feature_source",
+            "use 'ngrams', or register the source with megatron_pc.allocation.feature_sources.register_feature_source",
         )
     if workers is None:
         raise ConfigError("allocation.history.features", f"{h.features!r} features need the run's workers, which have not started")

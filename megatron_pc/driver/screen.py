@@ -1,8 +1,8 @@
 """Screen features: the policy's view of candidate prompts before any is piloted.
 
 :func:`screen_features` looks the prompts' token ids up in the run's token table (as
-:func:`megatron_pc.driver.rollouts.resolve_round` does), asks the policy for each prompt's final
-hidden state at its last token (a prefill on the policy ranks: megatron_pc.training.features),
+:func:`megatron_pc.driver.rounds.resolve_round` does), asks the policy for each prompt's final
+hidden state at its last token (a prefill on the policy ranks: megatron_pc.training.prompt_features),
 and returns ``{prompt: vector}`` with the cost to log as step metrics. What consumes the
 vectors is the allocation side's predictor; :class:`Screen` is the loop's side: it registers the
 ``policy`` source and hands the strategy its features before every round.
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from megatron_pc.allocation.features import check_feature_source, make_feature_source, register_feature_source, supply_features
+from megatron_pc.allocation.feature_sources import check_feature_source, make_feature_source, register_feature_source, supply_features
 from megatron_pc.errors import ConfigError
 
 SCREEN_METRICS = ("screen_prompts", "screen_tokens", "screen_padded_tokens", "screen_seconds")

@@ -7,7 +7,7 @@ dapo from the same start model, each a normal run directory ``OUT/REGIME/LABEL/s
 ones continue from their checkpoint). All runs of a regime validate on one fixed set of
 ``--val-size`` prompts (OUT/REGIME/validation.jsonl) every ``--validate-every`` steps.
 
-Every run trains under an update rule (``--update-rule``, :mod:`megatron_pc.bench.variants`):
+Every run trains under an update rule (``--update-rule``, :mod:`benchmarks.variants`):
 ``reference`` (the recipe's mini-batches in call rollouts) or ``equal`` (``--updates`` N per step
 for every strategy). LABEL is the strategy or variant with the rule, e.g. ``grpo@reference``,
 ``pc_4up@equal4``; ``equal`` with 1 update adds nothing (``grpo``), the layout of the runs kept
@@ -40,10 +40,10 @@ from typing import Any
 from megatron_pc.analysis.regimes import DEFAULT_REGIMES, REGIMES, Regime, parse_regimes
 from megatron_pc.analysis.report import parse_fractions, write_report
 from megatron_pc.analysis.runs import Run, load_run, relative_path, validation_seconds
-from megatron_pc.bench.options import parse_names
-from megatron_pc.bench.rollouts_calibration import calibrate, simulate_regime
-from megatron_pc.bench.step import STRATEGIES, run_strategy
-from megatron_pc.bench.variants import UPDATE_RULES, VARIANTS, UpdateRule, parse_rule
+from benchmarks.options import parse_names
+from benchmarks.calibration import calibrate, simulate_regime
+from benchmarks.step import STRATEGIES, run_strategy
+from benchmarks.variants import UPDATE_RULES, VARIANTS, UpdateRule, parse_rule
 from megatron_pc.errors import MegatronPCError
 
 ABLATIONS = ("grpo_matched", "pc_sized")
@@ -459,7 +459,7 @@ def _timing_section(args: argparse.Namespace, runs: list[Run], fractions: tuple[
 def ablation_jobs(cfg: Any, regime: Regime, ablations: list[str], calibration: dict[str, Any], base: list[str], out: Path,
                   seeds: int, rule: UpdateRule) -> dict[str, Any]:  # fmt: skip
     """The ablation runs of a regime, sized from its calibration, under the benchmark's update rule."""
-    from megatron_pc.bench.rollouts_calibration import matched_grpo_batch, sized_pilot_batch
+    from benchmarks.calibration import matched_grpo_batch, sized_pilot_batch
 
     a = cfg.allocation
     settings: dict[str, Any] = {}
@@ -481,7 +481,7 @@ def ablation_jobs(cfg: Any, regime: Regime, ablations: list[str], calibration: d
 def _simulate_all(args: argparse.Namespace, regimes: list[Regime], runs: list[Run], fractions: tuple[float, ...], extra: dict[str, Any]) -> str:
     """The calibrated simulator per regime; its figures go to ``extra``, a markdown section is returned."""
     from megatron_pc.analysis.report import summarize
-    from megatron_pc.bench.rollouts_calibration import simulator_section
+    from benchmarks.calibration import simulator_section
 
     measured = summarize([r for r in runs if r.strategy in STRATEGIES], fractions)["regimes"]
     out = Path(args.out).resolve()
