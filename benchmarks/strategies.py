@@ -39,7 +39,7 @@ from typing import Any
 
 from megatron_pc.analysis.regimes import DEFAULT_REGIMES, REGIMES, Regime, parse_regimes
 from megatron_pc.analysis.report import parse_fractions, write_report
-from megatron_pc.analysis.runs import Run, load_run, relative_path, validation_seconds
+from megatron_pc.analysis.runs import Run, load_run, metrics_file, relative_path, run_dirs, validation_seconds
 from benchmarks.options import parse_names
 from benchmarks.calibration import calibrate, simulate_regime
 from benchmarks.step import STRATEGIES, run_strategy
@@ -164,11 +164,11 @@ def finished_steps(run_dir: Path) -> int:
 
 
 def metrics_steps(run_dir: Path) -> int:
-    """The last training step in the run's metrics.jsonl (0 without one)."""
+    """The last training step in the run's metrics.jsonl, plain or kept (0 without one)."""
     from megatron_pc.metrics.logger import read_metrics
 
-    path = run_dir / "metrics.jsonl"
-    return max((int(r.get("step", 0)) for r in read_metrics(path)), default=0) if path.is_file() else 0
+    path = metrics_file(run_dir)
+    return max((int(r.get("step", 0)) for r in read_metrics(path)), default=0) if path is not None else 0
 
 
 def check_same_config(config: str, job: Job, overrides: list[str]) -> None:
@@ -300,7 +300,7 @@ def check_start_model(cfg: Any, regime_dir: Path) -> None:
                 "(scripts/bench_results.sh restore does, for kept results) or use another --out"
             )
         return
-    if any(regime_dir.glob("*/seed_*/metrics.jsonl")):
+    if run_dirs(regime_dir, "*/seed_*"):
         print(f"bench rollouts: {regime_dir.name}: runs kept from before start models were recorded; their start is checked by "
               "their step-0 validations only", file=sys.stderr)  # fmt: skip
         return

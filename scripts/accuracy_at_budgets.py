@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from megatron_pc.analysis.runs import Point, load_run
+from megatron_pc.analysis.runs import Point, load_run, run_dirs
 from megatron_pc.errors import MegatronPCError
 
 STRATEGIES = ("pilot_commit", "grpo", "dapo", "pc_history")
@@ -41,7 +41,7 @@ def table(regime_dir: Path, budgets: list[int]) -> str:
     lines = ["| strategy | seeds | " + " | ".join(f"at {b:,} rollouts" for b in budgets) + " | final (last 3 validations) | rollouts in the run |",
              "|---|---|" + "---|" * (len(budgets) + 2)]  # fmt: skip
     for strategy in STRATEGIES:
-        runs = [load_run(path.parent) for path in sorted(regime_dir.glob(f"{strategy}/seed_*/metrics.jsonl"))]
+        runs = [load_run(path) for path in run_dirs(regime_dir, f"{strategy}/seed_*")]
         if not runs:
             continue
         at = {b: [accuracy_at(run.points, b) for run in runs] for b in budgets}

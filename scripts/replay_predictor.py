@@ -3,7 +3,7 @@
 
     python scripts/replay_predictor.py RUN_DIR [--features ngrams,ngrams_1024,arith] [--root DIR] [--out FILE]
 
-RUN_DIR is a training run directory (config.yaml and trace.jsonl); its prompts are made again
+RUN_DIR is a training run directory (config.yaml and trace.jsonl, or a kept trace.jsonl.gz); its prompts are made again
 from its config (run from the directory the run was started in, or name it with --root, so
 relative data paths resolve). The run's own decisions are kept: every pilot, direct and commit
 outcome of the trace is fed, step by step, to an online predictor (megatron_pc.allocation.predictor,
@@ -38,6 +38,7 @@ from megatron_pc.allocation.history import PromptHistory
 from megatron_pc.allocation.predictor import ScreenPredictor, apart, auc, brier
 from megatron_pc.config import from_dict, load_config, to_dict
 from megatron_pc.data.loading import load_prompts
+from megatron_pc.jsonl import open_text
 
 
 def _arith(records: Sequence[Any], h: HistoryConfig, cfg: Any) -> FeatureSource:
@@ -205,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         os.chdir(args.root)
     train, _ = load_prompts(cfg.data, cfg.seed)
     events = []
-    for line in (run_dir / "trace.jsonl").read_text().splitlines():
+    with open_text(run_dir / "trace.jsonl") as f:  # or the kept trace.jsonl.gz
+        lines = f.read().splitlines()
+    for line in lines:
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError:

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+from megatron_pc.jsonl import read_jsonl
+
 
 class TraceSink(Protocol):
     """Where trace events go."""
@@ -86,5 +88,5 @@ class TraceWriter:
 
 
 def read_trace(path: str | Path) -> list[dict[str, Any]]:
-    """All events of a trace file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """All events of a trace file (or of its kept copy, trace.jsonl.gz: megatron_pc.jsonl)."""
+    return read_jsonl(path)

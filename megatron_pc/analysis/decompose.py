@@ -32,7 +32,7 @@ from typing import Any
 
 from megatron_pc.analysis.report import TARGET_FRACTIONS, choose_targets, first_reach, parse_fractions, ratio, spread
 from megatron_pc.analysis.regimes import REGIMES
-from megatron_pc.analysis.runs import Run, load_run
+from megatron_pc.analysis.runs import Run, load_run, run_dirs
 from megatron_pc.errors import MegatronPCError
 
 PAPER_RATIOS = {"grpo": (1.5, 1.9), "dapo": (2.3, 4.0)}
@@ -56,7 +56,7 @@ def find_runs(bench_dir: str | Path) -> list[Run]:
     root = Path(bench_dir)
     if not root.is_dir():
         raise MegatronPCError(f"benchmark directory {root} does not exist")
-    dirs = sorted(p.parent for p in root.glob("*/*/seed_*/metrics.jsonl") if p.parent.with_suffix(".wall.json").is_file())
+    dirs = [d for d in run_dirs(root, "*/*/seed_*") if d.with_suffix(".wall.json").is_file()]
     if not dirs:
         raise MegatronPCError(f"{root} holds no finished runs (REGIME/LABEL/seed_K/metrics.jsonl with seed_K.wall.json)")
     return [load_run(d, regime=d.parent.parent.name, seed=int(d.name.removeprefix("seed_")), label_by="dir") for d in dirs]

@@ -1,6 +1,7 @@
 """The runs a report reads: a training run directory's metrics and labels, and its validations.
 
-A run directory is a normal training run (metrics.jsonl, config.yaml). :func:`load_run` labels
+A run directory is a normal training run (metrics.jsonl, config.yaml), or its kept copy with
+metrics.jsonl.gz (:func:`metrics_file`; ``scripts/bench_results.sh``). :func:`load_run` labels
 it by task (``data.source``, named after its benchmark regime when it is one), strategy and
 seed; :class:`Run` holds its rows and validation points. The report
 (:mod:`megatron_pc.analysis.report`), its table and plots (``report_format``, ``report_plots``)
@@ -26,6 +27,7 @@ import yaml
 
 from megatron_pc.analysis.regimes import REGIMES
 from megatron_pc.errors import MegatronPCError
+from megatron_pc.jsonl import count_lines, find
 from megatron_pc.metrics.logger import read_metrics
 from megatron_pc.metrics.phases import BREAKDOWN_PHASES
 
@@ -147,8 +149,8 @@ def load_run(run_dir: str | Path, *, regime: str | None = None, strategy: str | 
     path = Path(run_dir)
     if not path.is_dir():
         raise MegatronPCError(f"run directory {path} does not exist")
-    metrics = path / "metrics.jsonl"
-    if not metrics.is_file():
+    metrics = metrics_file(path)
+    if metrics is None:
         raise MegatronPCError(f"{path} holds no metrics.jsonl: not a training run directory (or the run has not started)")
     cfg_path = path / "config.yaml"
     cfg = (yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.is_file() else {}
@@ -187,10 +189,18 @@ def regime_label(source: str) -> str:
 
 
 def _count_lines(path: Path) -> int | None:
-    if not path.is_file():
-        return None
-    with path.open() as f:
-        return sum(1 for line in f if line.strip())
+    return count_lines(path) if find(path) is not None else None
+
+
+def metrics_file(run_dir: str | Path) -> Path | None:
+    """The run's metrics: ``metrics.jsonl``, or ``metrics.jsonl.gz`` in a kept run (None: neither)."""
+    return find(Path(run_dir) / "metrics.jsonl")
+
+
+def run_dirs(root: str | Path, pattern: str) -> list[Path]:
+    """The run directories under ``root`` that match ``pattern`` (e.g. ``*/*/seed_*``) and hold
+    metrics, plain or kept, sorted."""
+    return sorted(p for p in Path(root).glob(pattern) if p.is_dir() and metrics_file(p) is not None)
 
 
 def check_unique(runs: list[Run]) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from megatron_pc.console import CONSOLE
+from megatron_pc.jsonl import read_jsonl
 from megatron_pc.metrics.config import LoggingConfig
 
 logger = logging.getLogger(__name__)
@@ -211,5 +212,5 @@ def report_peak_memory(peaks: dict[str, int], run_dir: Path) -> None:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All lines of a metrics.jsonl file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """All lines of a metrics.jsonl file (or of its kept copy, metrics.jsonl.gz: megatron_pc.jsonl)."""
+    return read_jsonl(path)

@@ -342,11 +342,16 @@ def test_bench_results_script_keeps_finished_runs_small_and_puts_them_back(tmp_p
     script = Path(__file__).resolve().parents[2] / "scripts" / "bench_results.sh"
     subprocess.run(["bash", str(script), "save", str(bench), str(results)], check=True, capture_output=True)
     kept = sorted(p.relative_to(results).as_posix() for p in results.rglob("*") if p.is_file())
-    assert kept == ["paper_like/grpo/seed_0.wall.json", "paper_like/grpo/seed_0/config.yaml", "paper_like/grpo/seed_0/metrics.jsonl",
-                    "paper_like/validation.jsonl"]  # fmt: skip
+    assert kept == ["paper_like/grpo/seed_0.wall.json", "paper_like/grpo/seed_0/config.yaml", "paper_like/grpo/seed_0/metrics.jsonl.gz",
+                    "paper_like/validation.jsonl.gz"]  # fmt: skip
+    packed = (results / "paper_like" / "grpo" / "seed_0" / "metrics.jsonl.gz").read_bytes()
+    subprocess.run(["bash", str(script), "save", str(bench), str(results)], check=True, capture_output=True)  # saved again: same bytes
+    assert (results / "paper_like" / "grpo" / "seed_0" / "metrics.jsonl.gz").read_bytes() == packed
     fresh = tmp_path / "fresh"
     subprocess.run(["bash", str(script), "restore", str(fresh), str(results)], check=True, capture_output=True)
     assert (fresh / "paper_like" / "grpo" / "seed_0" / "metrics.jsonl").read_text() == (run_dir / "metrics.jsonl").read_text()
+    assert (fresh / "paper_like" / "validation.jsonl").read_text() == '{"id": "v0"}\n'
+    assert not list(fresh.rglob("*.gz"))  # restored runs are plain run directories again
     proc = subprocess.run(["bash", str(script), "save", str(tmp_path / "nowhere"), str(results)], capture_output=True, text=True)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
