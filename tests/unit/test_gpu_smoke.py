@@ -1,5 +1,6 @@
-"""scripts/gpu_smoke.sh on CPU: its dry run names a missing wheel, passes with the wheels present,
-refuses two versions of one wheel and a load over the device's 64 MiB; its selection is every
+"""scripts/gpu_smoke.sh on CPU: its dry run names a missing wheel, passes with the wheels present
+and at least 10 MiB to spare (printing the margin), refuses two versions of one wheel, a load over
+the device's 64 MiB and one within 10 MiB of it; its selection is every
 GPU test that needs no vLLM and no Ray, and collects with both absent; its report reads a real
 pytest JUnit file; the script passes shellcheck."""
 
@@ -19,6 +20,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_smoke.sh"
 WHEEL = "megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"
+WHEEL_BYTES = 5 * 2**19
+"""The real wheel's size, about 2.5 MiB (docs/gpu_smoke.md); tests make a sparse file of it."""
+MIB = 2**20
 NEEDS_MORE = {
     "tests/gpu/test_weight_sync_gpu.py::test_nccl_broadcast_between_two_gpus_delivers_bit_identical_buckets_in_order",
     "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_buckets_load_into_a_vllm_engine_like_the_same_weights_pushed_plainly",
@@ -53,12 +57,43 @@ def test_dry_run_fails_naming_the_missing_wheel(tmp_path: Path) -> None:
     assert "--fetch" in proc.stderr
 
 
+def _sparse(path: Path, size: int) -> Path:
+    """A file of ``size`` bytes that takes no disk (its size is what the dry run counts)."""
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
+
+
+def _tree_bytes() -> int:
+    """What the device tool carries of this checkout: tracked and untracked-not-ignored files."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.split(b"\0")  # fmt: skip
+    return sum((REPO / os.fsdecode(name)).stat().st_size for name in listed if name and (REPO / os.fsdecode(name)).is_file())
+
+
 def test_dry_run_lists_every_test_and_passes_with_the_wheels_present(tmp_path: Path) -> None:
-    (tmp_path / WHEEL).touch()
+    _sparse(tmp_path / WHEEL, WHEEL_BYTES)
     proc = _smoke("--dry-run", wheels=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert all(f"  {node}\n" in proc.stderr for node in _selection())
     assert f"carries {WHEEL}" in proc.stderr and "of 64.0 MiB" in proc.stderr
+
+
+def test_the_tree_and_the_wheel_leave_at_least_10_mib_of_the_64_and_the_dry_run_prints_the_margin(tmp_path: Path) -> None:
+    _sparse(tmp_path / WHEEL, WHEEL_BYTES)
+    total = _tree_bytes() + WHEEL_BYTES
+    assert 64 * MIB - total >= 10 * MIB, f"the tree ({_tree_bytes() / MIB:.1f} MiB) and the wheel leave less than 10 MiB of 64"
+    proc = _smoke("--dry-run", wheels=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"margin {(64 * MIB - total) / MIB:.1f} MiB (at least 10.0 MiB)" in proc.stderr
+
+
+def test_dry_run_fails_when_less_than_10_mib_would_be_left(tmp_path: Path) -> None:
+    _sparse(tmp_path / WHEEL, WHEEL_BYTES)
+    _sparse(tmp_path / "big-1.0-py3-none-any.whl", 64 * MIB - _tree_bytes() - WHEEL_BYTES - 5 * MIB)  # 5 MiB left
+    proc = _smoke("--dry-run", wheels=tmp_path)
+    assert proc.returncode != 0
+    assert "less than 10.0 MiB under the device's 64 MiB" in proc.stderr and "margin 5.0 MiB" in proc.stderr
 
 
 def test_dry_run_refuses_two_versions_of_one_wheel(tmp_path: Path) -> None:
@@ -71,8 +106,7 @@ def test_dry_run_refuses_two_versions_of_one_wheel(tmp_path: Path) -> None:
 
 def test_dry_run_fails_when_tree_and_wheels_pass_64_mib(tmp_path: Path) -> None:
     (tmp_path / WHEEL).touch()
-    with (tmp_path / "big-1.0-py3-none-any.whl").open("wb") as f:
-        f.truncate(63 * 2**20)  # sparse: its size counts, no disk is used; the tree adds the rest
+    _sparse(tmp_path / "big-1.0-py3-none-any.whl", 63 * MIB)  # the tree adds the rest
     proc = _smoke("--dry-run", wheels=tmp_path)
     assert proc.returncode != 0
     assert "over the device's 64 MiB" in proc.stderr
