@@ -115,9 +115,9 @@ def phase_units(cfg: Any, unit: str) -> dict[str, int]:
     world = cfg.policy_world
     if unit == "gpu":
         return {"generate": engines, "policy": world}
-    from megatron_pc.cluster.groups import cpu_threads
+    from megatron_pc.cluster.placement import cpu_threads
 
-    threads = cpu_threads(cfg, len(os.sched_getaffinity(0)))
+    threads = cpu_threads(cfg.cluster, cfg.layout, len(os.sched_getaffinity(0)))
     return {"generate": engines * threads["engine"], "policy": world * threads["policy"]}
 
 

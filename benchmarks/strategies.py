@@ -176,11 +176,12 @@ def check_same_config(config: str, job: Job, overrides: list[str]) -> None:
     resumed `megatron-pc train` applies: only steps, validation/save intervals, logging may differ)."""
     import yaml
 
-    from megatron_pc.driver.prepare import _flatten, config_changes
+    from megatron_pc.driver.prepare import config_changes
+    from megatron_pc.fields import flatten
     from megatron_pc.config import load_config, to_dict
 
-    current = _flatten(to_dict(load_config(config, [*overrides, f"allocation.strategy={job.strategy}"])))
-    saved = _flatten(yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {})
+    current = flatten(to_dict(load_config(config, [*overrides, f"allocation.strategy={job.strategy}"])))
+    saved = flatten(yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {})
     # Runs record their validation set relative to the working directory (the repository root,
     # where the benchmark runs) or, outside it, absolute: compared as the same file either way.
     for flat in (saved, current):

@@ -17,7 +17,7 @@ import yaml
 
 from megatron_pc.allocation import strategy_class
 from megatron_pc.allocation.config import AllocationConfig
-from megatron_pc.cluster.config import ClusterConfig
+from megatron_pc.cluster.config import ClusterConfig, Layout
 from megatron_pc.data.config import DataConfig
 from megatron_pc.errors import ConfigError
 from megatron_pc.fields import from_dict, to_dict
@@ -76,6 +76,11 @@ class Config:
     def policy_world(self) -> int:
         """The policy's ranks (and devices on a GPU run): TP x PP x DP."""
         return self.model.tensor_parallel * self.model.pipeline_parallel * self.cluster.data_parallel
+
+    @property
+    def layout(self) -> Layout:
+        """The workers the run places (cluster/ takes this, not the whole Config)."""
+        return Layout(self.policy_world, self.rollout.engines, self.rollout.tensor_parallel, self.training.kl_coef > 0)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:

@@ -118,3 +118,15 @@ def _coerce(value: Any, tp: Any, dotted: str) -> Any:
 
 def _describe(value: Any) -> str:
     return f"{type(value).__name__} {value!r}" if value is not None else "null"
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b.c": value}``: the dotted keys of every leaf."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out

@@ -33,6 +33,7 @@ FORBIDDEN: tuple[tuple[str, str, str], ...] = (
     ("megatron_pc", "conversion", "conversion/ builds on the product; the product checks HF weights with models/hf_check.py"),
     ("megatron_pc", "benchmarks", "benchmarks sit beside the product and build on it (analysis/ included), never the reverse"),
     ("megatron_pc.metrics", "megatron_pc.launch", "model shapes are models/shapes.py"),
+    ("megatron_pc.cluster", "megatron_pc.config", "cluster/ takes its components' configs and the Layout, not the root Config"),
 )
 """(importer prefix, imported prefix, why): arrows that must not exist."""
 

@@ -30,7 +30,8 @@ def hf_features(model_path: str, prompts: list[list[int]]) -> np.ndarray:
 
 def main() -> int:
     """Time the screen; a non-zero exit when the features differ from transformers'."""
-    from megatron_pc.cluster import groups as G
+    from megatron_pc.cluster.placement import Placement, start_ray, stop_ray
+    from megatron_pc.cluster.policy_group import MegatronGroup
     from megatron_pc.config import load_config
     from megatron_pc.driver.screen import screen_features
     from megatron_pc.driver.prepare import prepare
@@ -46,14 +47,14 @@ def main() -> int:
     cfg = load_config(args.config, args.overrides)
     data = prepare(cfg)
     ids = list(range(min(args.prompts, len(data.train_tokens))))
-    started = G.start_ray(cfg, bundles=cfg.policy_world + cfg.rollout.engines)
+    started = start_ray(cfg.cluster, bundles=cfg.policy_world + cfg.rollout.engines)
     placement = None
     try:
-        placement = G.Placement(cfg, use_gpu=devices.use_gpus())
+        placement = Placement(cfg.cluster, cfg.layout, use_gpu=devices.use_gpus())
         t0 = time.perf_counter()
-        policy = G.MegatronGroup(cfg, placement, trainable=True)
+        policy = MegatronGroup(cfg.model, cfg.training, cfg.seed, placement, trainable=True)
         policy.wait_ready()
-        policy.call("load_hf", str(data.model_path))
+        policy.load_hf(str(data.model_path))
         print(f"policy ranks ({cfg.policy_world}) started and loaded in {time.perf_counter() - t0:.1f}s")
         for k in range(args.repeats):
             features, cost = screen_features(policy, ids, data.train_tokens)
@@ -62,7 +63,7 @@ def main() -> int:
     finally:
         if placement is not None:
             placement.remove()
-        G.stop_ray(started)
+        stop_ray(started)
     ours = np.stack([features[p] for p in ids])
     reference = hf_features(str(data.model_path), [data.train_tokens[p] for p in ids])
     worst = float(np.abs(ours - reference).max())

@@ -6,12 +6,14 @@ All tensors are per token, ``[B, T]`` with a 0/1 ``mask`` of response tokens, ex
 
 Global means across micro-batches and data-parallel ranks: the caller counts the global
 denominator once per optimizer step (sum of :func:`loss_denominator` over every micro-batch on
-every rank) and passes it as ``denominator``; each micro-batch loss is then that micro-batch's
+every rank, from the rows' response lengths) and passes it as ``denominator``; each micro-batch loss is then that micro-batch's
 share of the global mean, so summing the losses (gradient accumulation + DP all-reduce *sum*)
 gives exactly the global-mean loss.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 
@@ -38,16 +40,21 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
-def loss_denominator(mask: torch.Tensor, loss_agg: str) -> float:
-    """This batch's contribution to the global denominator of ``loss_agg``.
+def loss_denominator(response_lengths: torch.Tensor | Iterable[int], loss_agg: str) -> float:
+    """The loss denominator of rows with these response lengths under ``loss_agg``: the one rule
+    every place that divides a loss uses (the driver's plan of an update, the worker's update,
+    and :func:`aggregate` over a micro-batch's mask, whose row sums are the lengths).
 
-    token-mean: the number of response tokens; seq-mean-*: the number of sequences with at
-    least one response token (fully masked rows are padding and do not count).
+    token-mean: the number of response tokens; seq-mean-*: the number of rows with at least one
+    response token (empty rows are padding and do not count).
     """
     _check_agg(loss_agg)
-    if loss_agg == "token-mean":
-        return float(mask.sum())
-    return float((mask.sum(dim=-1) > 0).sum())
+    if isinstance(response_lengths, torch.Tensor):
+        tokens, rows = float(response_lengths.sum()), float((response_lengths > 0).sum())
+    else:
+        lengths = list(response_lengths)
+        tokens, rows = float(sum(lengths)), float(sum(1 for n in lengths if n > 0))
+    return tokens if loss_agg == "token-mean" else rows
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg: str, denominator: float | None = None) -> torch.Tensor:
@@ -65,7 +72,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg: str, denomi
         if loss_agg == "seq-mean-token-mean":
             token_sum = token_sum / mask.sum(dim=-1).clamp(min=1.0)
         total = token_sum.sum()
-    denom = loss_denominator(mask, loss_agg) if denominator is None else float(denominator)
+    denom = loss_denominator(mask.sum(dim=-1), loss_agg) if denominator is None else float(denominator)
     if denom <= 0:
         return total * 0.0
     return total / denom

@@ -1,4 +1,6 @@
-"""Settings of process placement: Ray address, colocated or split devices, GPU memory."""
+"""Settings of process placement: Ray address, colocated or split devices, GPU memory; and the
+run's layout of workers (:class:`Layout`), which the root config derives from the model, cluster,
+rollout and training settings."""
 
 from __future__ import annotations
 
@@ -42,3 +44,23 @@ class ClusterConfig:
             raise ConfigError("cpu_threads", f"must be >= 1 or null, got {self.cpu_threads}")
         if self.gpu_memory_gb <= 0:
             raise ConfigError("gpu_memory_gb", f"must be > 0, got {self.gpu_memory_gb}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many workers of each kind a run places (``Config.layout`` derives it): what cluster/
+    needs of the model, rollout and training settings to place and start them."""
+
+    world: int
+    """Policy ranks (and devices on a GPU run): TP x PP x DP."""
+    engines: int
+    """Rollout engines (``rollout.engines``)."""
+    engine_tp: int
+    """Tensor parallelism of each engine (``rollout.tensor_parallel``): its vLLM workers."""
+    reference: bool
+    """Whether a reference model's ranks run beside the policy's (``training.kl_coef > 0``)."""
+
+    @property
+    def engine_devices(self) -> int:
+        """Devices the engines occupy: engines x engine TP."""
+        return self.engines * self.engine_tp

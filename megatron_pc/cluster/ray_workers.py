@@ -1,53 +1,73 @@
-"""A run's workers as Ray actors in one placement group: what the driver's loop drives on a cluster."""
+"""A run's workers as Ray actors in one placement group: what the driver's loop drives on a cluster.
+
+It takes the component configs it needs (cluster, model, training, rollout) and the run's
+:class:`~megatron_pc.cluster.config.Layout`, never the root Config; the driver unpacks its
+Config into them (megatron_pc.driver.trainer.ray_workers).
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
-from megatron_pc.cluster import groups as G
-from megatron_pc.config import Config
+from megatron_pc.cluster.config import ClusterConfig, Layout
+from megatron_pc.cluster.engines import RayEngine, engine_group
+from megatron_pc.cluster.peak_memory import peak_rss_bytes
+from megatron_pc.cluster.placement import Placement, devices_needed, import_ray, ray_gpus, start_ray, stop_ray
+from megatron_pc.cluster.policy_group import MegatronGroup
+from megatron_pc.models.config import ModelConfig
 from megatron_pc.platform import devices
-from megatron_pc.weight_sync.sync import sync_weights
+from megatron_pc.rollout.config import RolloutConfig
+from megatron_pc.rollout.group import EngineGroup
+from megatron_pc.training.config import TrainingConfig
+from megatron_pc.weight_sync.sync import WeightSync
+
+logger = logging.getLogger(__name__)
 
 
 class RayWorkers:
-    """Policy (and reference) ranks and rollout engines as Ray actors (megatron_pc.cluster.groups)."""
+    """Policy (and reference) ranks and rollout engines as Ray actors."""
 
-    def __init__(self, cfg: Config, model_path: str, run_dir: Path, transport: str) -> None:
-        self.cfg, self.model_path, self.run_dir, self.transport = cfg, model_path, run_dir, transport
-        self.started = G.start_ray(cfg, bundles=cfg.policy_world + cfg.rollout.engines)
-        self.placement: G.Placement | None = None
+    def __init__(self, cluster: ClusterConfig, layout: Layout, model: ModelConfig, training: TrainingConfig, rollout: RolloutConfig,
+                 *, seed: int, max_prompt_tokens: int | None, model_path: str, run_dir: Path, transport: str) -> None:  # fmt: skip
+        self.cluster, self.layout, self.model, self.training, self.rollout = cluster, layout, model, training, rollout
+        self.seed, self.max_prompt_tokens = seed, max_prompt_tokens
+        self.model_path, self.run_dir, self.transport = model_path, run_dir, transport
+        self.started = start_ray(cluster, bundles=layout.world + layout.engines)
+        self.placement: Placement | None = None
         self.policy: Any = None
         self.reference: Any = None
         self.engines: Any = None
+        self.weight_sync: WeightSync | None = None
 
     def start(self) -> None:
         """Placement group, policy and reference ranks, engines."""
-        cfg = self.cfg
         # Stops the run (naming the venv and the fix) when the scheduler reports GPUs this Python's torch cannot use.
         gpu = devices.use_gpus()
         # Before any worker: Ray's GPUs must be usable here and enough for the layout.
-        devices.check_gpu_count(G.devices_needed(cfg), G.ray_gpus(), use_gpu=gpu)
-        self.placement = G.Placement(cfg, use_gpu=gpu)
+        devices.check_gpu_count(devices_needed(self.cluster, self.layout), ray_gpus(), use_gpu=gpu)
+        self.placement = Placement(self.cluster, self.layout, use_gpu=gpu)
         # The engines start while the Megatron ranks do (each takes tens of seconds on CPU),
         # except where they share GPUs: vLLM sizes its KV cache from the memory free when it
         # starts, which must not change under it while Megatron loads its weights.
-        meanwhile = not gpu or not cfg.cluster.colocated
-        self.policy = G.MegatronGroup(cfg, self.placement, trainable=True)
-        self.reference = G.MegatronGroup(cfg, self.placement, trainable=False) if cfg.training.kl_coef > 0 else None
+        meanwhile = not gpu or not self.cluster.colocated
+        self.policy = MegatronGroup(self.model, self.training, self.seed, self.placement, trainable=True)
+        self.reference = MegatronGroup(self.model, self.training, self.seed, self.placement, trainable=False) if self.layout.reference else None
         megatron = [g for g in (self.policy, self.reference) if g is not None]
         if not meanwhile:
             for group in megatron:
                 group.wait_ready()
-        self.engines = G.engine_group(cfg, self.placement, self.model_path)
+        self.engines = engine_group(self.rollout, self.placement, self.model_path, seed=self.seed, max_prompt_tokens=self.max_prompt_tokens)
         if meanwhile:
             for group in megatron:
                 group.wait_ready()
+        self.weight_sync = WeightSync(self.policy, self.engines, self.rollout.sync_bucket_mb, self.transport)
 
     def sync_weights(self) -> dict[str, float]:
         """Stream the policy's weights into every engine (rollout.weight_transport)."""
-        return sync_weights(self.policy, self.engines, self.cfg.rollout.sync_bucket_mb, self.transport)
+        assert self.weight_sync is not None, "sync_weights before start"
+        return self.weight_sync.sync_weights()
 
     def restart_engine(self, index: int) -> None:
         """A new engine actor in the dead one's bundle, then every engine gets the policy's weights."""
@@ -55,8 +75,8 @@ class RayWorkers:
         self.sync_weights()
 
     def peak_memory(self) -> dict[str, int]:
-        """Peak RSS of the driver and of every actor still alive."""
-        return G.peak_memory(self.policy, self.reference, self.engines)
+        """Peak RSS in bytes of the driver and of every actor still alive, by name."""
+        return peak_memory(self.policy, self.reference, self.engines)
 
     def close(self) -> None:
         """Engines, placement group, then Ray (if this run started it)."""
@@ -66,4 +86,23 @@ class RayWorkers:
             if self.placement is not None:
                 self.placement.remove()
         finally:
-            G.stop_ray(self.started)
+            stop_ray(self.started)
+
+
+def peak_memory(policy: MegatronGroup | None, reference: MegatronGroup | None, engines: EngineGroup | None) -> dict[str, int]:
+    """Peak RSS in bytes of the driver and of every actor still alive, by name."""
+    ray = import_ray()
+    refs: dict[str, Any] = {}
+    for label, group in (("policy", policy), ("reference", reference)):
+        if group is not None:
+            refs |= {f"{label}_rank{i}": a.peak_rss.remote() for i, a in enumerate(group.actors)}
+    for engine in engines.engines if engines is not None else []:
+        if isinstance(engine, RayEngine) and engine.alive:
+            refs[engine.name] = engine.peak_rss()
+    peaks = {"driver": peak_rss_bytes()}
+    for name, ref in refs.items():
+        try:
+            peaks[name] = ray.get(ref, timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            logger.warning("peak RSS of %s: its process is gone", name)
+    return peaks

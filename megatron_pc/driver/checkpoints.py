@@ -96,7 +96,7 @@ class CheckpointManager:
         ``written()`` runs between its files and the manifest (where the fault suite strikes)."""
 
         def write_policy(path: Path) -> None:
-            policy.call("save", str(path))
+            policy.save(str(path))
             written()
 
         return self.save(step, controller, write_policy)

@@ -16,6 +16,7 @@ from megatron_pc.data.loading import load_prompt_sets
 from megatron_pc.data.records import PromptRecord
 from megatron_pc.data.tokenize import encode_prompt
 from megatron_pc.errors import ConfigError
+from megatron_pc.fields import flatten
 from megatron_pc.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -140,9 +141,9 @@ def record_config(cfg: Config, run_dir: Path) -> None:
     """Save the run's config; a resumed run must match the saved one (but for a few fields)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "config.yaml"
-    current = _flatten(to_dict(cfg))
+    current = flatten(to_dict(cfg))
     if path.exists() and (run_dir / "checkpoints").is_dir():
-        saved = _flatten(yaml.safe_load(path.read_text()) or {})
+        saved = flatten(yaml.safe_load(path.read_text()) or {})
         changed = config_changes(saved, current)
         if changed:
             details = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
@@ -160,17 +161,6 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple
     saved config and the current one, but for those a resume may change. A key the saved config
     lacks (a setting added since, which the run ran without) counts as its default: only a value
     other than the default is a change."""
-    defaults = _flatten(to_dict(Config()))
+    defaults = flatten(to_dict(Config()))
     before = {k: saved[k] if k in saved else defaults.get(k) for k in set(saved) | set(current)}
     return [(k, before[k], current.get(k)) for k in sorted(before) if before[k] != current.get(k) and not k.startswith(RESUMABLE_CHANGES)]
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, dotted + "."))
-        else:
-            out[dotted] = value
-    return out

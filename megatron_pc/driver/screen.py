@@ -25,7 +25,7 @@ forwarded with padding, and wall seconds of the call (driver side, transfers inc
 
 
 class FeatureSource(Protocol):
-    """What the screen needs of the policy: megatron_pc.cluster.groups.MegatronGroup."""
+    """What the screen needs of the policy: megatron_pc.cluster.policy_group.MegatronGroup."""
 
     def prompt_features(self, prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:
         """``[len(prompts), hidden]`` fp32 features in order, and ``tokens`` / ``padded_tokens``."""

@@ -83,7 +83,7 @@ class SyncCheck:
             return float("nan")
         with timer("sync_check"):
             seqs = groups_to_sequences(firsts, std_normalize=False)
-            trainer_lp = policy.call("logprobs", seqs)
+            trainer_lp = policy.logprobs(seqs)
             per_engine = engines.call("sync check", lambda: engines.group.score_each([s.tokens for s in seqs]))
         gaps = {}
         for engine, engine_lp in zip(engines.group.engines, per_engine):

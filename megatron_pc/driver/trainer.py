@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import signal
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from megatron_pc.allocation import StepResult, build_strategy
@@ -68,14 +69,21 @@ class Workers(Protocol):
         """Stop every worker (safe to call after a failed start)."""
 
 
+def ray_workers(cfg: Config, model_path: str, run_dir: Path, transport: str) -> RayWorkers:
+    """The run's workers as Ray actors, given the component configs they take (not the root Config)."""
+    return RayWorkers(cfg.cluster, cfg.layout, cfg.model, cfg.training, cfg.rollout, seed=cfg.seed, max_prompt_tokens=cfg.data.max_prompt_tokens,
+                      model_path=model_path, run_dir=run_dir, transport=transport)  # fmt: skip
+
+
 class Trainer:
     """Owns the run: data, strategy, workers, metrics and checkpoints."""
 
     def __init__(self, cfg: Config, data: Any, make_workers: Callable[..., Workers] | None = None) -> None:
         """``make_workers(cfg, model_path, run_dir, transport)`` gives the run's workers (default:
-        megatron_pc.cluster.ray_workers.RayWorkers; the unit tests pass in-process stand-ins)."""
+        
+        :func:`ray_workers`; the unit tests pass in-process stand-ins)."""
         self.cfg, self.data = cfg, data  # data: megatron_pc.driver.prepare.RunData (prompts, token ids, tokenizer)
-        self.make_workers = make_workers or RayWorkers
+        self.make_workers = make_workers or ray_workers
         self.run_dir = cfg.resolved_run_dir
         self.checkpoints = CheckpointManager(self.run_dir, keep=cfg.training.keep_checkpoints, checksums=cfg.training.checkpoint_checksums)
         self.preempted = False
@@ -212,7 +220,7 @@ class Trainer:
         out = update_policy(result.groups, self.cfg, workers.policy, workers.reference, timer)
         if not self.cfg.training.pipelined:
             # Colocated, the engines' memory is only there once the update's is freed (docs/memory.md).
-            workers.policy.call("offload_for_generation", self.cfg.cluster.colocated)
+            workers.policy.offload_for_generation(self.cfg.cluster.colocated)
             self._engines.wake()
         if sync:
             with timer("sync"):
@@ -223,7 +231,7 @@ class Trainer:
         """Load weights: the latest complete checkpoint if there is one (with the loop's state), else the HF model."""
         if self.resume_path is not None:
             logger.info("resuming from %s (step %d)", self.resume_path, self.resume_step, extra=CONSOLE)
-            workers.policy.call("load", str(self.resume_path / "policy"))
+            workers.policy.load(str(self.resume_path / "policy"))
             state = self.checkpoints.load_controller(self.resume_path)
             self.strategy.load_state_dict(state["strategy"])
             self.tokens_total = state["tokens_total"]
@@ -233,10 +241,10 @@ class Trainer:
                                       "step already generated; resume it with training.pipelined=true")  # fmt: skip
             self._engines.call("weight sync", workers.sync_weights)
         else:
-            workers.policy.call("load_hf", str(self.data.model_path))
+            workers.policy.load_hf(str(self.data.model_path))
         if workers.reference is not None:
-            workers.reference.call("load_hf", str(self.data.model_path))
-        workers.policy.call("offload_for_generation", self.cfg.cluster.colocated)  # the grad buffer exists from the start
+            workers.reference.load_hf(str(self.data.model_path))
+        workers.policy.offload_for_generation(self.cfg.cluster.colocated)  # the grad buffer exists from the start
 
     def _save(self, step: int, policy: PolicyGroup) -> None:
         controller = {"step": step, "strategy": self.strategy.state_dict(), "tokens_total": self.tokens_total, "config": to_dict(self.cfg),

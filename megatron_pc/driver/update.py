@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from megatron_pc.algo.advantages import rollout_advantages
+from megatron_pc.algo.losses import loss_denominator
 from megatron_pc.allocation import STRATEGIES, TrainGroup
 from megatron_pc.config import Config
 from megatron_pc.training.batching import Sequence
@@ -29,20 +30,43 @@ from megatron_pc.training.payload import RolloutPayload, RowPlan, as_payload
 
 
 class PolicyGroup(Protocol):
-    """What the update needs of the policy (and reference) workers: the Ray group of Megatron
-    ranks (megatron_pc.cluster.groups.MegatronGroup), or an in-process stand-in."""
+    """What the driver needs of the policy (and reference) workers: the Ray group of Megatron
+    ranks (megatron_pc.cluster.policy_group.MegatronGroup, whose every verb is checked against
+    its rank's method), or an in-process stand-in. A per-group argument or result holds one
+    value per data-parallel group."""
 
     def put_shares(self, plan: RowPlan) -> list[Any]:
         """Each DP group's share of the step's rows, stored once; a handle per group."""
 
-    def call_per_group(self, method: str, per_group: Seq[Any], *args: Any) -> list[Any]:
-        """``method(per_group[dp], *args)`` on every rank; a result per DP group."""
+    def load_rows(self, rows: Seq[Any]) -> list[int]:
+        """Each DP group takes its share (``rows[dp]``); its row count per group."""
 
-    def call_all(self, method: str, *args: Any) -> list[Any]:
-        """``method(*args)`` on every rank; a result per DP group."""
+    def old_logprobs(self) -> None:
+        """The loaded rows' log-probs under the current policy become their old log-probs."""
 
-    def call(self, method: str, *args: Any) -> Any:
-        """``method(*args)`` on every rank; rank 0's result."""
+    def ref_logprobs(self) -> list[Any]:
+        """The loaded rows' log-probs (a reference group's), flat, a handle per DP group."""
+
+    def set_ref_logprobs(self, flat: Seq[Any]) -> None:
+        """Each DP group takes its reference log-probs (``flat[dp]``)."""
+
+    def train_update(self, update: int, last_update: bool) -> dict[str, float]:
+        """Optimizer update ``update`` of the step; its metrics."""
+
+    def logprobs(self, seqs: list[Any]) -> list[list[float]] | None:
+        """Per-response-token log-probs of each sequence."""
+
+    def load_hf(self, path: str) -> None:
+        """Load Hugging Face weights."""
+
+    def load(self, path: str) -> None:
+        """Load a distributed checkpoint."""
+
+    def save(self, path: str) -> None:
+        """Write a distributed checkpoint."""
+
+    def offload_for_generation(self, colocated: bool) -> dict[str, float]:
+        """Free what generation does not need before colocated engines wake."""
 
 
 def trained_rollouts(groups: Seq[TrainGroup], std_normalize: bool) -> Iterator[tuple[int, RolloutPayload, float]]:
@@ -89,7 +113,8 @@ def plan_rows(groups: Seq[TrainGroup], cfg: Config) -> RowPlan:
     update = np.array([compact[u] for u in raw], dtype=np.int32)
     counts = np.bincount(update, minlength=len(compact)) if len(update) else np.zeros(0, np.int64)
     counted = informative_rows(advs, group_of) if t.loss_denominator == "informative" else np.ones(len(advs), dtype=bool)
-    denominators = [_denominator(responses, np.flatnonzero(update == k), counted, t.loss_agg) for k in range(len(compact))]
+    denominators = [loss_denominator([len(responses[i].tokens) for i in _counted(np.flatnonzero(update == k), counted)], t.loss_agg)
+                    for k in range(len(compact))]  # fmt: skip
     scales = [1.0 if size is None else float(c) / size for c in counts]
     return RowPlan(prompts, responses, advs, update, denominators, scales)
 
@@ -105,11 +130,10 @@ def informative_rows(advantages: Seq[float], group_of: Seq[int]) -> np.ndarray:
     return live[group]
 
 
-def _denominator(responses: Seq[Any], members: np.ndarray, counted: np.ndarray, loss_agg: str) -> float:
-    """One update's loss denominator over its ``counted`` rows: response tokens (token-mean) or
-    rows; all its rows when none is counted (its policy-gradient loss is 0 then anyway)."""
-    chosen = members[counted[members]] if counted[members].any() else members
-    return float(sum(len(responses[i].tokens) for i in chosen)) if loss_agg == "token-mean" else float(len(chosen))
+def _counted(members: np.ndarray, counted: np.ndarray) -> np.ndarray:
+    """The rows of one update its loss denominator counts: its ``counted`` rows, or all its rows
+    when none is counted (its policy-gradient loss is 0 then anyway)."""
+    return members[counted[members]] if counted[members].any() else members
 
 
 def update_policy(
@@ -126,20 +150,20 @@ def update_policy(
         return {}
     with timer("dispatch"):
         shares = policy.put_shares(plan)
-        policy.call_per_group("load_rows", shares)
+        policy.load_rows(shares)
     with timer("logprob"):
-        policy.call_all("old_logprobs")
+        policy.old_logprobs()
     if reference is not None:
         with timer("reference"):
-            reference.call_per_group("load_rows", shares)
+            reference.load_rows(shares)
             # Each DP group's reference log-probs stay in the object store: the driver passes
             # the handle on, the policy ranks of that group read the values.
-            policy.call_per_group("set_ref_logprobs", reference.call_all("ref_logprobs"))
+            policy.set_ref_logprobs(reference.ref_logprobs())
     updates = []
     with timer("update"):
         last = len(plan.denominators) - 1
         for k in range(last + 1):
-            updates.append(policy.call("train_update", k, k == last))
+            updates.append(policy.train_update(k, k == last))
     lengths = plan.lengths
     # What the step's FLOPs are counted from (megatron_pc.metrics.mfu): its tokens, and the
     # (query, key) pairs causal attention scores (T^2 / 2 for a sequence of T tokens).

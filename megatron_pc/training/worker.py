@@ -22,7 +22,8 @@ from megatron_pc.models.config import ModelConfig
 from megatron_pc.models.hf_config import HFArch, load_arch
 from megatron_pc.models.hf_weights import load_hf_weights
 from megatron_pc.training import prompt_features as features, steps
-from megatron_pc.training.batching import MicroBatch, Sequence, loss_denominator, micro_batches
+from megatron_pc.algo.losses import loss_denominator
+from megatron_pc.training.batching import MicroBatch, Sequence, micro_batches
 from megatron_pc.training.config import TrainingConfig
 from megatron_pc.training.prompt_features import PromptFeatures, PromptTokens
 from megatron_pc.training.memory import offload_for_generation, reload_for_training
@@ -196,7 +197,7 @@ class PolicyWorker(ReferenceWorker):
         weighs this update's loss (the reference scales a short last mini-batch by its share).
         """
         local = [seqs[i] for i in self._local(seqs)]
-        return self.train_local(local, loss_denominator(self.train_cfg.loss_agg, seqs) / loss_scale, loss_scale, last_update)
+        return self.train_local(local, loss_denominator([s.response_len for s in seqs], self.train_cfg.loss_agg) / loss_scale, loss_scale, last_update)
 
     def train_local(self, seqs: list[Sequence], denominator: float, loss_scale: float = 1.0, last_update: bool = True) -> dict[str, float]:
         """One optimizer update in which this DP rank trains its own ``seqs``; ``denominator``

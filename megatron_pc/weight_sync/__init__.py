@@ -5,7 +5,8 @@ ending at a layer boundary. Each transport (``rollout.weight_transport``, regist
 name in :mod:`.transports`) is a :class:`~.channel.Sender` that a policy rank holds and a
 :class:`~.channel.Receiver` that each vLLM worker of each engine holds; per bucket the sender
 yields one typed :class:`~.channel.BucketPayload`, which the driver hands to every engine
-(``engines.update_weights(payload)``) and each worker turns back into tensors:
+(``sink.update_weights(payload)``, :class:`~.sync.WeightSync`) and each worker turns back into
+tensors:
 
 - ``object_store``: the payload carries the bucket's CPU tensors (Ray's object store moves
   it). Workers acknowledge each bucket; the sender puts bucket k+2 only after every worker
@@ -29,6 +30,9 @@ which an engine failed (:meth:`~.rendezvous.Rendezvous.abort`).
     broadcast.py    the broadcast channel's sender and receiver
     cuda_ipc.py     the CUDA IPC channel's sender and receiver
     transports.py   the transports by name: their sender and receiver types
+    sending.py      the policy rank's end (SendingRank, which the rank's actor inherits): open,
+                    connect and close its sender, stream its weights
     engine_side.py  what runs in each vLLM worker (collective_rpc): join, load a bucket, leave
-    sync.py         the driver's side: open the channel, hand each payload to the engines
+    sync.py         the driver's side: the Source (policy) and Sink (engines) protocols, and
+                    WeightSync, which holds the open channel and hands each payload to the engines
 """

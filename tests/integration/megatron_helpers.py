@@ -132,7 +132,7 @@ def job_train_shares(path: Path, tp: int, seqs: list[Sequence], n_steps: int) ->
     import numpy as np
     from megatron.core import parallel_state as ps
 
-    from megatron_pc.training.batching import loss_denominator
+    from megatron_pc.algo.losses import loss_denominator
     from megatron_pc.training.payload import RolloutPayload, RowPlan, split_by_tokens
     from megatron_pc.training.worker import PolicyWorker
 
@@ -143,7 +143,7 @@ def job_train_shares(path: Path, tp: int, seqs: list[Sequence], n_steps: int) ->
     plan = RowPlan([np.asarray(s.tokens[: s.prompt_len], dtype=np.int32) for s in seqs],
                    [RolloutPayload.of(s.tokens[s.prompt_len :], [0.0] * s.response_len, "stop", s.tokens[: s.prompt_len]) for s in seqs],
                    [s.advantage for s in seqs], np.zeros(len(seqs), dtype=np.int32),
-                   [loss_denominator("token-mean", seqs)], [1.0])  # fmt: skip
+                   [loss_denominator([s.response_len for s in seqs], "token-mean")], [1.0])  # fmt: skip
     shares = split_by_tokens(plan.lengths, plan.update, 1, ps.get_data_parallel_world_size())
     mine = plan.build(shares[ps.get_data_parallel_rank()]).sequences()
     for seq, (lp, _) in zip(mine, worker.local_logprobs(mine)):

@@ -19,9 +19,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from megatron_pc.cluster import groups as G  # noqa: E402
+from megatron_pc.cluster.engines import RayEngine, engine_group  # noqa: E402
+from megatron_pc.cluster.placement import Placement  # noqa: E402
 from megatron_pc.config import load_config  # noqa: E402
 from megatron_pc.errors import MegatronPCError  # noqa: E402
+from megatron_pc.rollout.group import EngineGroup  # noqa: E402
 
 pytestmark = pytest.mark.integration
 # The probe classes travel to Ray's workers by value: this test file is not importable there.
@@ -37,7 +39,7 @@ def _seen() -> dict[str, Any]:
 
 
 class ProbeEngine:
-    """EngineActor's constructor and methods; every call takes CALL_S when ``slow``."""
+    """EngineActor's constructor and the methods a run calls; every call takes CALL_S when ``slow``."""
 
     def __init__(self, model_path: str, rollout_cfg: Any, name: str, seed: int, max_prompt_tokens: int | None = None) -> None:
         self.name = name
@@ -64,9 +66,11 @@ class ProbeEngine:
         self._wait()
         return [[0.0] * (len(s) - 1) for s in sequences]
 
-    def update_weights(self, bucket: list[Any]) -> dict[str, float]:
+    def update_weights(self, bucket: list[Any]) -> Any:
+        from megatron_pc.rollout.base import WeightPushStats
+
         self._wait()
-        return {"tensors": len(bucket), "bytes": 0, "seconds": 0.0}
+        return WeightPushStats(len(bucket), 0, 0.0)
 
     def sleep(self) -> None:
         self._wait()
@@ -102,12 +106,12 @@ def _cfg(placement: str, engine_tp: int, engines: int, dp: int, *more: str):
 
 def _place(cfg, reference: bool = False) -> tuple[list[dict], list[dict], list[dict]]:
     """(policy ranks, reference ranks, engines): what each placed actor sees."""
-    placement = G.Placement(cfg, use_gpu=True)
+    placement = Placement(cfg.cluster, cfg.layout, use_gpu=True)
     try:
         world = placement.world
         ranks = [ProbeRank.options(**placement.rank_options(r, True)).remote() for r in range(world)]
         refs = [ProbeRank.options(**placement.rank_options(r, False)).remote() for r in range(world)] if reference else []
-        group = G.engine_group(cfg, placement, "fast", actor_class=ProbeEngine)
+        group = engine_group(cfg.rollout, placement, "fast", seed=cfg.seed, actor_class=ProbeEngine)
         seen = ray.get([a.devices.remote() for a in ranks]), ray.get([a.devices.remote() for a in refs])
         engines = ray.get([e.actor.devices.remote() for e in group.engines])
         group.shutdown()
@@ -152,12 +156,12 @@ def test_split_engines_own_t_gpus_disjoint_from_the_policy(logical_gpus: None, t
 
 def test_colocated_layout_whose_engines_do_not_cover_the_policy_gpus_is_refused(logical_gpus: None) -> None:
     with pytest.raises(MegatronPCError, match=r"rollout.engines x rollout.tensor_parallel = 2 x 2 must equal the policy's TP x PP x DP = 8"):
-        G.Placement(_cfg("colocated", 2, 2, 8), use_gpu=True)
+        Placement((cfg := _cfg("colocated", 2, 2, 8)).cluster, cfg.layout, use_gpu=True)
 
 
 def test_cpu_placement_asks_for_no_gpus(logical_gpus: None) -> None:
     cfg = _cfg("colocated", 2, 1, 2)
-    placement = G.Placement(cfg, use_gpu=False)
+    placement = Placement(cfg.cluster, cfg.layout, use_gpu=False)
     try:
         assert all("GPU" not in b for b in placement.group.bundle_specs)
         opts = [placement.rank_options(0, True), placement.rank_options(1, False), placement.engine_options(0)]
@@ -176,18 +180,18 @@ def test_eight_engines_start_sleep_wake_and_generate_all_at_once(logical_gpus: N
     from megatron_pc.rollout.base import GenerationRequest, SamplingSettings
 
     cfg = _cfg("split", 1, 8, 1)
-    placement = G.Placement(cfg, use_gpu=False)  # the timing is the same on CPU bundles
+    placement = Placement(cfg.cluster, cfg.layout, use_gpu=False)  # the timing is the same on CPU bundles
     began: list[float] = []
     ended: list[float] = []
 
-    def start(k: int) -> G.RayEngine:  # what engine_group's factory does, timed from the driver
+    def start(k: int) -> RayEngine:  # what engine_group's factory does, timed from the driver
         began.append(time.perf_counter())
-        engine = G.RayEngine(cfg, placement, "slow", k, actor_class=ProbeEngine)
+        engine = RayEngine(cfg.rollout, placement, "slow", k, seed=cfg.seed, actor_class=ProbeEngine)
         ended.append(time.perf_counter())
         return engine
 
     try:
-        group = G.EngineGroup(start, 8, concurrent=True)
+        group = EngineGroup(start, 8, concurrent=True)
         requests = [GenerationRequest([1, 2], 2) for _ in range(8)]
         seconds = {"sleep": _timed(group.sleep), "wake": _timed(group.wake),
                    "generate": _timed(lambda: group.generate(requests, SamplingSettings())),

@@ -2,7 +2,8 @@
 
 The policy is a deterministic model with one parameter ``theta``:
 ``log p(token) = -theta * (1 + token % 7) / 10``. Its ranks take the same calls as
-megatron_pc.cluster.workers.MegatronRank, and its group the same as MegatronGroup, so the
+megatron_pc.cluster.ranks.MegatronRank, and its group the same as
+megatron_pc.cluster.policy_group.MegatronGroup (the driver's PolicyGroup protocol), so the
 driver's update and the training loop run unchanged against them.
 """
 
@@ -93,14 +94,19 @@ class StandInGroup:
         self.shares = [plan.build(rows) for rows in split_by_tokens(plan.lengths, plan.update, len(plan.denominators), len(self.ranks))]
         return self.shares
 
-    def call_per_group(self, method: str, per_group: Sequence[Any], *args: Any) -> list[Any]:
-        return [getattr(rank, method)(arg, *args) for rank, arg in zip(self.ranks, per_group)]
+    def load_rows(self, rows: Sequence[Any]) -> list[int]:
+        return [rank.load_rows(share) for rank, share in zip(self.ranks, rows)]
 
-    def call_all(self, method: str, *args: Any) -> list[Any]:
-        return [getattr(rank, method)(*args) for rank in self.ranks]
+    def old_logprobs(self) -> None:
+        for rank in self.ranks:
+            rank.old_logprobs()
 
-    def call(self, method: str, *args: Any) -> Any:
-        return getattr(self, method)(*args)
+    def ref_logprobs(self) -> list[Any]:
+        return [rank.ref_logprobs() for rank in self.ranks]
+
+    def set_ref_logprobs(self, flat: Sequence[Any]) -> None:
+        for rank, mine in zip(self.ranks, flat):
+            rank.set_ref_logprobs(mine)
 
     # ---- group-level methods (what every rank does together; rank 0's answer) ----
     def train_update(self, update: int, last_update: bool) -> dict[str, float]:

@@ -136,10 +136,11 @@ def test_every_config_file_in_configs_loads() -> None:
 
 
 def test_cpu_threads_share_the_cores_between_the_workers_busy_at_once() -> None:
-    from megatron_pc.cluster.groups import cpu_threads
+    from megatron_pc.cluster.placement import cpu_threads
 
     def threads(*overrides: str, cores: int = 8) -> dict[str, int]:
-        return cpu_threads(load_config(None, list(overrides)), cores)
+        cfg = load_config(None, list(overrides))
+        return cpu_threads(cfg.cluster, cfg.layout, cores)
 
     # Colocated: a phase's workers have every core (the policy trains while the engines idle).
     assert threads() == {"policy": 8, "engine": 8}

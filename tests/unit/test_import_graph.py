@@ -4,24 +4,17 @@ never imports conversion/, nor benchmarks/), and component configs are leaves.""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers.scripts import ROOT, load_script
 
 
 @pytest.fixture(scope="module")
 def graph_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["import_graph"] = module  # as an import would, before the module runs
-    spec.loader.exec_module(module)
-    return module
+    return load_script("import_graph")
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:
@@ -75,3 +68,14 @@ def test_the_product_importing_conversion_and_a_config_reaching_up_are_refused(g
     modules = graph_tool.module_graph(root)
     assert [a.split(":")[0] for a in graph_tool.forbidden_arrows(graph_tool.build_graph(root, modules))] == ["megatron_pc.d -> conversion"]
     assert graph_tool.config_leaf_violations(modules) == ["megatron_pc.d.config reaches megatron_pc.config"]
+
+
+def test_cluster_reaching_the_root_config_is_refused(graph_tool: ModuleType, tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "megatron_pc/__init__.py": "", "megatron_pc/config.py": "from megatron_pc.cluster.config import ClusterConfig\n",
+        "megatron_pc/cluster/__init__.py": "", "megatron_pc/cluster/config.py": "",
+        "megatron_pc/cluster/placement.py": "from megatron_pc.cluster.config import ClusterConfig\n",
+        "megatron_pc/cluster/ranks.py": "def f():\n    from megatron_pc.config import Config\n",
+    })  # fmt: skip
+    arrows = graph_tool.forbidden_arrows(graph_tool.build_graph(root))
+    assert [a.split(":")[0] for a in arrows] == ["megatron_pc.cluster -> megatron_pc.config"]

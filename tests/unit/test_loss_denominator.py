@@ -91,3 +91,23 @@ def test_informative_rows_marks_whole_groups() -> None:
 def test_an_unknown_loss_denominator_is_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match="loss_denominator"):
         _cfg("some")
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_the_plan_the_worker_rows_and_the_mask_agree_on_every_updates_denominator(agg: str) -> None:
+    """One rule (algo.losses.loss_denominator): the driver's plan of each update, the rows a
+    worker builds from it and the mask of those rows collated into a micro-batch give the same
+    denominator, for every aggregation."""
+    from megatron_pc.algo.losses import aggregate, loss_denominator
+    from megatron_pc.training.batching import collate
+
+    plan = plan_rows(GROUPS, _cfg("all", f"training.loss_agg={agg}", "training.mini_batch=2"))
+    assert len(plan.denominators) == 2
+    seqs = plan.build().sequences()
+    for k, planned in enumerate(plan.denominators):
+        mine = [s for s, u in zip(seqs, plan.update) if u == k]
+        batch = collate(mine, list(range(len(mine))))
+        assert loss_denominator([s.response_len for s in mine], agg) == planned
+        assert loss_denominator(batch.mask.sum(-1), agg) == planned
+        ones = torch.ones_like(batch.mask)  # a loss of 1 per token: the local mean divides by the same count
+        assert aggregate(ones, batch.mask, agg).item() * planned == pytest.approx(aggregate(ones, batch.mask, agg, denominator=1.0).item())

@@ -96,7 +96,7 @@ def test_micro_batch_halves_with_global_denominator_sum_to_full_batch(agg: str) 
     args = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, loss_agg=agg)
     full, _ = policy_loss(logp, old, adv, mask, **args)
     (full_grad,) = torch.autograd.grad(full, logp)
-    denom = loss_denominator(mask[:3], agg) + loss_denominator(mask[3:], agg)
+    denom = loss_denominator(mask[:3].sum(-1), agg) + loss_denominator(mask[3:].sum(-1), agg)
     halves = [policy_loss(logp[s], old[s], adv[s], mask[s], denominator=denom, **args)[0] for s in (slice(0, 3), slice(3, 6))]
     (split_grad,) = torch.autograd.grad(halves[0] + halves[1], logp)
     torch.testing.assert_close(halves[0] + halves[1], full)
@@ -180,4 +180,5 @@ def test_aggregate_with_explicit_denominator_divides_by_it() -> None:
     per_token = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     assert aggregate(per_token, mask, "token-mean", denominator=10.0).item() == pytest.approx(0.6)
-    assert loss_denominator(mask, "token-mean") == 3.0 and loss_denominator(mask, "seq-mean-token-mean") == 2.0
+    assert loss_denominator(mask.sum(-1), "token-mean") == 3.0 and loss_denominator(mask.sum(-1), "seq-mean-token-mean") == 2.0
+    assert loss_denominator([2, 1, 0], "token-mean") == 3.0 and loss_denominator([2, 1, 0], "seq-mean-token-sum") == 2.0
