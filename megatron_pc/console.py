@@ -7,7 +7,10 @@ points those descriptors at train.log and keeps the terminal for ``sys.stdout`` 
 ``sys.stderr`` of this process: our own prints, the progress bar, and log records marked for
 the console (:func:`to_console`) or of level WARNING and above from megatron_pc itself. Ray
 actors call :func:`redirect_worker_output` when they start, which sends their descriptors to
-the same file (named by the environment variable :data:`LOG_FILE_ENV`).
+the same file (named by the environment variable :data:`LOG_FILE_ENV`), except the engines:
+each engine process (and the vLLM workers it starts, which inherit its descriptors) writes to
+a file of its own, ``logs/<engine>.log`` beside train.log, so that tens of engines do not all
+append to one file on shared storage; train.log gets one line naming that file.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Any
 
 LOG_FILE_ENV = "MEGATRON_PC_LOG_FILE"
 """Set for Ray actors of a quiet run: the file their output goes to."""
+WORKER_LOG_DIR = "logs"
+"""Beside train.log: the directory of the engines' own logs."""
 CONSOLE = {"console": True}
 """``extra=`` of a log record that belongs on the console, e.g. a validation summary."""
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -102,13 +107,23 @@ def quiet() -> bool:
     return LOG_FILE_ENV in os.environ
 
 
-def redirect_worker_output() -> None:
-    """In a Ray actor of a quiet run: send this process's output to the run's log."""
+def redirect_worker_output(own_log: str | None = None) -> Path | None:
+    """In a Ray actor of a quiet run: send this process's output to the run's log, or, given
+    ``own_log`` (an engine's name), to ``logs/<own_log>.log`` beside it (appended to by a
+    restarted engine of the same name). Returns the file, None outside a quiet run."""
     path = os.environ.get(LOG_FILE_ENV)
-    if path:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        _point_descriptors_at(Path(path))
+    if not path:
+        return None
+    target = Path(path)
+    if own_log is not None:
+        target = target.parent / WORKER_LOG_DIR / f"{own_log}.log"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as log:  # one line in train.log, not the engine's thousands
+            log.write(f"{own_log} (pid {os.getpid()}) writes its output to {target}\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _point_descriptors_at(target)
+    return target
 
 
 def _point_descriptors_at(path: Path) -> None:

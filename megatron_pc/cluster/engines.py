@@ -30,7 +30,7 @@ class EngineActor(VllmEngine):
     def __init__(self, model_path: str, rollout_cfg: RolloutConfig, name: str, seed: int, max_prompt_tokens: int | None = None) -> None:
         from megatron_pc.console import redirect_worker_output
 
-        redirect_worker_output()
+        redirect_worker_output(own_log=name)  # logs/<name>.log: not every engine into train.log
         super().__init__(model_path, rollout_cfg, name=name, seed=seed, max_prompt_tokens=max_prompt_tokens)
 
     def ready(self) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from megatron_pc.cluster.config import ClusterConfig, Layout
 from megatron_pc.cluster.engines import RayEngine, engine_group
@@ -41,8 +41,9 @@ class RayWorkers:
         self.engines: Any = None
         self.weight_sync: WeightSync | None = None
 
-    def start(self) -> None:
-        """Placement group, policy and reference ranks, engines."""
+    def start(self, ready: Callable[[], None] | None = None) -> None:
+        """Placement group, policy and reference ranks, ``ready()`` (the driver loads and offloads
+        the policy), engines: on shared GPUs the engines start only after ``ready()`` returned."""
         # Stops the run (naming the venv and the fix) when the scheduler reports GPUs this Python's torch cannot use.
         gpu = devices.use_gpus()
         # Before any worker: Ray's GPUs must be usable here and enough for the layout.
@@ -58,10 +59,14 @@ class RayWorkers:
         if not meanwhile:
             for group in megatron:
                 group.wait_ready()
+            if ready is not None:
+                ready()  # the fp32 grad buffer leaves the GPU before vLLM sizes its budget
         self.engines = engine_group(self.rollout, self.placement, self.model_path, seed=self.seed, max_prompt_tokens=self.max_prompt_tokens)
         if meanwhile:
             for group in megatron:
                 group.wait_ready()
+            if ready is not None:
+                ready()
         self.weight_sync = WeightSync(self.policy, self.engines, self.rollout.sync_bucket_mb, self.transport)
 
     def sync_weights(self) -> dict[str, float]:

@@ -53,8 +53,9 @@ class Workers(Protocol):
     reference: PolicyGroup | None
     engines: Any  # an EngineGroup (megatron_pc.rollout.group)
 
-    def start(self) -> None:
-        """Start every worker (models built, engines ready)."""
+    def start(self, ready: Callable[[], None]) -> None:
+        """Start every worker (models built, engines ready); ``ready()`` runs once the policy
+        ranks are up and, where engines share their GPUs, before those engines start."""
 
     def sync_weights(self) -> dict[str, float]:
         """Push the policy's weights into the engines; seconds and MB moved."""
@@ -115,11 +116,14 @@ class Trainer:
         last: dict[str, float] = {}
         self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate-ahead")  # pipelined mode's generation
         try:
-            workers.start()
+            # The policy loads and gives back what generation does not need before colocated
+            # engines take their share of the GPUs (launch/ledger.py books this order).
+            workers.start(ready=lambda: self._load(workers))
             self.screen.start(workers)
             self.engines = RestartingEngines(workers.engines, workers.restart_engine, cfg.rollout.engine_restarts)
+            if self.resume_path is not None:
+                self._engines.call("weight sync", workers.sync_weights)  # the engines started from model.path
             with RewardPool(cfg.reward, max_tokens=cfg.rollout.max_tokens) as rewards:
-                self._load(workers)
                 evaluator = Evaluator(cfg, self.data, self.engines, rewards)
                 metrics = open_metrics(cfg.logging, self.run_dir, cfg.name, cfg.training.steps, self.resume_step or None, to_dict(cfg))
                 try:
@@ -228,7 +232,9 @@ class Trainer:
         return out
 
     def _load(self, workers: Workers) -> None:
-        """Load weights: the latest complete checkpoint if there is one (with the loop's state), else the HF model."""
+        """Load the policy's weights: the latest complete checkpoint if there is one (with the
+        loop's state), else the HF model; then offload what generation does not need. Runs
+        before the engines start (``Workers.start``'s ``ready``); the resumed weights reach them after."""
         if self.resume_path is not None:
             logger.info("resuming from %s (step %d)", self.resume_path, self.resume_step, extra=CONSOLE)
             workers.policy.load(str(self.resume_path / "policy"))
@@ -239,7 +245,6 @@ class Trainer:
             if self.pending is not None and not self.cfg.training.pipelined:
                 raise MegatronPCError(f"{self.resume_path} was saved by a pipelined run (training.pipelined=true) with the next "
                                       "step already generated; resume it with training.pipelined=true")  # fmt: skip
-            self._engines.call("weight sync", workers.sync_weights)
         else:
             workers.policy.load_hf(str(self.data.model_path))
         if workers.reference is not None:

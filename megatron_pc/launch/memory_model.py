@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 from megatron_pc.models.shapes import ModelShape
+from megatron_pc.rollout.config import SLEEP_LEVEL
 from megatron_pc.training.logprobs import FP32_CHUNK_TEMPORARIES
 
 GiB = 2**30
@@ -44,7 +45,7 @@ POLICY_RUNTIME_GIB = 2.0
 """Assumed per policy process: CUDA context (~0.5 GiB), cuBLAS workspace, NCCL communicator
 buffers of its TP / DP / PP groups."""
 SLEEPING_ENGINE_GIB = 1.0
-"""Assumed per vLLM worker asleep (level 1: weights in pinned host memory, KV cache freed):
+"""Assumed per vLLM worker asleep (weights and KV cache freed, rollout.config.SLEEP_LEVEL):
 its CUDA context and the buffers sleep does not release."""
 ENGINE_RESERVE_GIB = 2.0
 """Assumed inside vLLM's budget besides weights and KV cache: the profiled activation peak of
@@ -142,6 +143,7 @@ class MemoryInputs:
     sync_bucket_mb: int = 64
     reference_model: bool = False
     flash_attention: bool = True
+    sleep_level: int = SLEEP_LEVEL
 
 
 def _gib(n_bytes: float) -> float:
@@ -235,7 +237,7 @@ def _runtime() -> Term:
 def _sleeping_engine(m: MemoryInputs) -> list[Term]:
     if not m.colocated:
         return []
-    return [Term("vLLM worker asleep", SLEEPING_ENGINE_GIB, "assumed: its CUDA context (sleep level 1 frees weights and KV cache)")]
+    return [Term("vLLM worker asleep", SLEEPING_ENGINE_GIB, f"assumed: its CUDA context (sleep level {m.sleep_level} frees weights and KV cache)")]
 
 
 def policy_update(model: ModelShape, m: MemoryInputs) -> Phase:
@@ -286,10 +288,37 @@ def engine_budget(m: MemoryInputs, total_gib: float) -> Term:
                 f"{m.gpu_memory_utilization} x {total_gib:.1f} GiB: weights, KV cache, activations, graphs, context")
 
 
+def sync_units(model: ModelShape) -> list[int]:
+    """Bytes (bf16) of the units a sync streams, in export order: the embedding, each decoder
+    layer, the final norm, the output layer when untied (weight_sync/buckets.py: weight_unit)."""
+    output = [] if model.tied_embeddings else [model.embedding_params * 2]
+    return [model.embedding_params * 2, *[model.layer_params * 2] * model.layers, model.hidden * 2, *output]
+
+
+def sync_buckets(model: ModelShape, bucket_mb: int) -> list[int]:
+    """Bytes of each bucket ``buckets.buckets_by_layer`` cuts at ``bucket_mb``: a bucket closes
+    at the first unit boundary once it holds ``bucket_mb``, so it may exceed it by one unit."""
+    out, size = [], 0
+    for unit in sync_units(model):
+        if size >= bucket_mb * MiB:
+            out.append(size)
+            size = 0
+        size += unit
+    return out + ([size] if size else [])
+
+
+def bucket_mb_within_largest_unit(model: ModelShape) -> int:
+    """The largest ``rollout.sync_bucket_mb`` whose buckets are no larger than the largest unit
+    (the embedding), which sizes the sync's buffers anyway: that unit less one decoder layer
+    (a bucket closes once it holds the size, at most one layer later). Fewer buckets at no
+    memory cost: each bucket pays a fixed overhead (launch/refit.py: BUCKET_LATENCY_S)."""
+    return int((max(sync_units(model)) - model.layer_params * 2) // MiB)
+
+
 def bucket_gib(model: ModelShape, m: MemoryInputs) -> float:
-    """One weight-sync bucket: at least sync_bucket_mb, at least the largest unit (the
-    embedding, gathered whole in HF layout)."""
-    return max(m.sync_bucket_mb * MiB, model.embedding_params * 2) / GiB
+    """The largest weight-sync bucket: ``sync_bucket_mb`` closed at a unit boundary, at least
+    the largest unit (the embedding, gathered whole in HF layout)."""
+    return max(sync_buckets(model, m.sync_bucket_mb)) / GiB
 
 
 def sync_buffers(model: ModelShape, m: MemoryInputs, side: str) -> Term:
@@ -335,14 +364,14 @@ def host_phase(model: ModelShape, m: MemoryInputs, gpus_per_node: int, policy_gp
     """Host memory of one node while its engines sleep (the policy update)."""
     terms = [Term("processes", (policy_gpus_per_node + engine_gpus_per_node) * HOST_PROCESS_GIB,
                   f"{policy_gpus_per_node + engine_gpus_per_node} processes x {HOST_PROCESS_GIB:g} GiB (assumed)")]
-    if m.colocated:
+    if m.colocated and m.sleep_level == 1:  # level 2 keeps no copy (rollout.config.SLEEP_LEVEL)
         per_gpu = model.total_params * 2 / m.engine_tensor_parallel
         terms.append(Term("vLLM weights asleep (pinned)", _gib(per_gpu * engine_gpus_per_node),
                           f"{engine_gpus_per_node} engine GPUs x {_gib(per_gpu):.2f} GiB (bf16 weights / engine TP); sleep level 1"))
-        if m.offload_optimizer and m.params_bytes == 2:
-            opt = optimizer_term(model, m)
-            terms.append(Term("optimizer state offloaded (while generating)", opt.gib * policy_gpus_per_node,
-                              f"{policy_gpus_per_node} policy GPUs x {opt.gib:.2f} GiB"))
+    if m.colocated and m.offload_optimizer and m.params_bytes == 2:
+        opt = optimizer_term(model, m)
+        terms.append(Term("optimizer state offloaded (while generating)", opt.gib * policy_gpus_per_node,
+                          f"{policy_gpus_per_node} policy GPUs x {opt.gib:.2f} GiB"))
     return Phase("host memory per node", tuple(terms))
 
 

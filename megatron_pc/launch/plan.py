@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron_pc.launch import memory_model as mm
+from megatron_pc.launch.ledger import Booking, Ledger, replay, run_events
 from megatron_pc.models.shapes import ModelShape, load_model_shape
 
 
@@ -130,6 +131,9 @@ class PlanReport:
     """Tokens the KV cache of one engine holds (0 when the weights do not fit)."""
     problems: list[str]
     """Each reason the layout cannot run; empty when it fits."""
+    peak_event: Booking | None = None
+    """The event of a run (megatron_pc/launch/ledger.py, fresh and resumed) that takes the
+    largest share of a device or of the host."""
 
     @property
     def fits(self) -> bool:
@@ -220,6 +224,21 @@ def _per_node(layout: Layout) -> tuple[int, int]:
     return policy, layout.gpus_per_node - policy
 
 
+def new_ledger(model: ModelShape, layout: Layout) -> Ledger:
+    """An empty memory ledger of ``layout`` (nothing started yet)."""
+    return Ledger(model, layout.memory_inputs(), layout.device.total_gib, layout.host_memory_gib, *_per_node(layout))
+
+
+def ledger_problems(model: ModelShape, layout: Layout) -> tuple[Booking, list[str]]:
+    """Replay the driver's order (a fresh run and a resumed one, colocated engines asleep
+    during the update) in a ledger: the peak event and every event over the limit."""
+    reference = layout.memory_inputs().reference_model
+    runs = [replay(new_ledger(model, layout), run_events(reference, resume)) for resume in (False, True)]
+    peaks = [r.peak() for r in runs]
+    peak = max(peaks, key=lambda b: b.share(layout.device.total_gib, layout.host_memory_gib))
+    return peak, [p for r in runs for p in r.over()]
+
+
 def plan_layout(model: ModelShape, layout: Layout) -> PlanReport:
     """Check ``layout`` for ``model`` and reckon its memory (megatron_pc/launch/memory_model.py)."""
     problems = check_gpu_counts(layout) + check_divisibility(model, layout)
@@ -230,7 +249,9 @@ def plan_layout(model: ModelShape, layout: Layout) -> PlanReport:
     kv_tokens, engine_problems = check_engines(model, layout)
     problems += engine_problems + check_phases(phases, mm.LIMIT * total, f"{layout.device.name}'s {total:.1f} GiB")
     problems += check_phases([host], mm.LIMIT * layout.host_memory_gib, f"the node's {layout.host_memory_gib:g} GiB")
-    return PlanReport(model, layout, phases, host, kv_tokens, problems)
+    peak, over = ledger_problems(model, layout)
+    problems += sorted(set(over))
+    return PlanReport(model, layout, phases, host, kv_tokens, problems, peak)
 
 
 def _settings_lines(m: mm.MemoryInputs) -> list[str]:
@@ -248,6 +269,16 @@ def _phase_lines(phase: mm.Phase, capacity_gib: float) -> list[str]:
     lines = [f"{phase.name}: {phase.total:.1f} GiB = {phase.total / capacity_gib:.0%} of {capacity_gib:.1f} GiB"]
     lines += [f"  {t.name:<{width}} {t.gib:7.2f}   {t.how}" for t in phase.terms]
     return lines
+
+
+def _peak_lines(report: PlanReport) -> list[str]:
+    """The ledger's peak event: each GPU kind and the host at that moment."""
+    peak, lay = report.peak_event, report.layout
+    if peak is None:
+        return []
+    parts = [f"{g.name} {g.total:.1f} GiB = {g.total / lay.device.total_gib:.0%}" for g in peak.gpus]
+    parts.append(f"host {peak.host.total:.1f} GiB = {peak.host.total / lay.host_memory_gib:.0%}")
+    return [f"peak event of a run in call order (megatron_pc/launch/ledger.py, fresh and resumed): {peak.event}: {', '.join(parts)}"]
 
 
 def render(report: PlanReport) -> str:
@@ -272,7 +303,7 @@ def render(report: PlanReport) -> str:
     ]
     for phase in report.phases:
         lines += _phase_lines(phase, device.total_gib)
-    lines += ["", *_phase_lines(report.host, lay.host_memory_gib), "",
+    lines += ["", *_phase_lines(report.host, lay.host_memory_gib), "", *_peak_lines(report), "",
               f"assumed: {mm.POLICY_RUNTIME_GIB:g} GiB runtime per policy process, {mm.SLEEPING_ENGINE_GIB:g} GiB per sleeping "
               f"vLLM worker, {mm.ENGINE_RESERVE_GIB:g} GiB of vLLM activations and graphs in its budget, "
               f"{mm.HOST_PROCESS_GIB:g} GiB host RSS per process; flash attention (Transformer Engine) on the GPU; "

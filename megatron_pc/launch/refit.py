@@ -2,8 +2,10 @@
 stated bandwidths; printed by ``megatron-pc project`` (docs/weight_sync.md, "Projection").
 
 Each transport is a chain of stages; a stage moves some bytes over one link. The projection is
-the SUM of its stages plus a fixed latency per bucket (conservative: buckets pipeline the
-stages, so a real sync lies between the slowest stage and this sum). M is the model's bytes in
+the SUM of its stages plus a fixed cost per bucket and one per decoder layer, both measured
+(conservative: buckets pipeline the stages, so a real sync lies between the slowest stage and
+this sum). Buckets keep a decoder layer whole (weight_sync/buckets.py), so their number is
+that of ``memory_model.sync_buckets``, not the bytes over ``rollout.sync_bucket_mb``. M is the model's bytes in
 bf16 (2 x parameters); t_p the policy's TP, t_e an engine's TP, E engines, N nodes.
 
     cuda_ipc (colocated, per GPU: every policy rank of every DP replica feeds the engine worker
@@ -27,10 +29,10 @@ bf16 (2 x parameters); t_p the policy's TP, t_e an engine's TP, E engines, N nod
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from megatron_pc.launch.memory_model import sync_buckets
 from megatron_pc.models.shapes import ModelShape
 
 # Stated bandwidths, GB/s per direction, and where each number comes from.
@@ -49,10 +51,18 @@ memcpy on server CPUs runs at ~10-20 GB/s); the object store's put, get and vLLM
 shared-memory queue each copy once per reader."""
 EFFICIENCY = 0.8
 """Share of each link's bandwidth a transfer reaches (assumption)."""
-BUCKET_LATENCY_S = 0.002
-"""Fixed cost per bucket (assumption): one Ray actor call from the driver to each engine (about
-a millisecond), one ``collective_rpc`` to the engine's workers and one acknowledgement through
-the channel's store."""
+BUCKET_LATENCY_S = 0.00215
+"""Fixed cost per bucket, measured on CPU (``megatron-pc bench weight-sync``, 2 shared cores at a
+load average of 100-380, docs/weight_sync.md): the driver's Ray actor call to an engine (2.15 ms,
+median of 50), the engine's ``collective_rpc`` to its in-process worker (< 0.01 ms) and the
+acknowledgement through the channel's store (not separable from 0), plus the reload pass's
+per-bucket term (fitted below 0, taken as 0)."""
+LAYER_RELOAD_S = 0.085
+"""Fixed cost per decoder layer of the reload pass (the layer's modules taken apart, loaded and
+processed), fitted on CPU over buckets of 1, 2 and 4 layers of the tiny model and SmolLM2 with
+the bytes fitted apart (2.2 ms a MiB); paid once a sync whatever the bucket size. On CPU it
+includes vLLM's repacking of every weight for its CPU kernels, which the GPU does not do: an
+upper bound for a GPU, where nothing has measured it."""
 
 
 @dataclass
@@ -66,6 +76,7 @@ class Links:
     host_copy_gbps: float = HOST_COPY_GBPS
     efficiency: float = EFFICIENCY
     bucket_latency_s: float = BUCKET_LATENCY_S
+    layer_reload_s: float = LAYER_RELOAD_S
 
     @classmethod
     def for_gpu(cls, gpu: str, hbm_tbps: float) -> "Links":
@@ -78,7 +89,7 @@ def refit(shape: ModelShape, cfg: Any, links: Links, nodes: int) -> dict[str, An
     config's policy TP, engines, engine TP and ``rollout.sync_bucket_mb``."""
     m = 2.0 * shape.total_params  # bf16 bytes
     tp, te, engines = cfg.model.tensor_parallel, cfg.rollout.tensor_parallel, cfg.rollout.engines
-    buckets = math.ceil(m / (cfg.rollout.sync_bucket_mb * 2**20))
+    buckets = len(sync_buckets(shape, cfg.rollout.sync_bucket_mb))
     e = links.efficiency
 
     def over(nbytes: float, gbps: float) -> float:
@@ -97,6 +108,7 @@ def refit(shape: ModelShape, cfg: Any, links: Links, nodes: int) -> dict[str, An
     out: dict[str, Any] = {}
     for name, parts in stages.items():
         parts["bucket_latency"] = buckets * links.bucket_latency_s
+        parts["layer_reload"] = shape.layers * links.layer_reload_s
         out[name] = {"stages_s": parts, "total_s": sum(parts.values()), "slowest_stage": max(parts, key=parts.__getitem__)}
     return {"model": shape.name, "bytes": m, "buckets": buckets, "bucket_mb": cfg.rollout.sync_bucket_mb, "policy_tp": tp,
             "engine_tp": te, "engines": engines, "nodes": nodes, "links": asdict(links), "transports": out,
@@ -122,5 +134,6 @@ def format_refit(result: dict[str, Any]) -> list[str]:
     links = result["links"]
     lines.append(f"links (GB/s per direction, at {links['efficiency']:.0%}): NVLink {links['nvlink_gbps']:.0f}, HBM {links['hbm_gbps']:.0f}, "
                  f"PCIe {links['pcie_gbps']:.0f}, network {links['network_gbps']:.0f}, host copy {links['host_copy_gbps']:.0f}; "
-                 f"{links['bucket_latency_s'] * 1e3:.1f} ms per bucket (sources: megatron_pc/launch/refit.py)")  # fmt: skip
+                 f"{links['bucket_latency_s'] * 1e3:.1f} ms per bucket and {links['layer_reload_s'] * 1e3:.1f} ms per layer "
+                 "(measured on CPU: megatron-pc bench weight-sync; sources: megatron_pc/launch/refit.py)")  # fmt: skip
     return lines

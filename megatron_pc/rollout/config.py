@@ -10,6 +10,11 @@ from megatron_pc.errors import ConfigError
 
 LOGPROB_GAP_WARN = {"fp32": 1e-3, "bf16": 0.1}
 """``rollout.logprob_gap_warn`` when null, by the precision of trainer and engine (see there)."""
+SLEEP_LEVEL = 2
+"""vLLM's sleep level while the policy trains (``LLM.sleep(level=...)``). Level 1 would keep a
+pinned host copy of every engine's weights (a node of 8 x 14B / TP 2 engines: 110 GiB) only to
+put back at wake the weights that the sync after every wake overwrites; level 2 frees them,
+keeping nothing. The driver pushes the policy's weights after every wake (docs/memory.md)."""
 LOGPROB_GAP_FAR = 10.0
 """A gap this many times the warning threshold counts as a strike (``rollout.logprob_gap_strikes``)."""
 

@@ -13,9 +13,11 @@ full tensor). A push through a weight-sync channel runs a function of
 each worker receives the bucket itself.
 
 Facts this file relies on (vLLM 0.32, read from its source and checked by the tests):
-- Weight push: ``Worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)``
-  reloads HF-named checkpoint tensors in place, redoing the CPU weight repacking (plain
-  ``load_weights`` fails after that repacking). Partial pushes (a bucket of layers) work.
+- Weight push: vLLM's layer-wise reload (``model_loader.reload``: ``initialize_layerwise_reload``,
+  the model's ``load_weights``, ``finalize_layerwise_reload``; what ``Worker.reload_weights``
+  runs over the whole model) reloads HF-named checkpoint tensors in place, redoing the CPU
+  weight repacking (plain ``load_weights`` fails after that repacking). We run it over the
+  bucket's modules only (megatron_pc.weight_sync.reload): no warning per module left out.
   The prefix cache still holds KV computed with the old weights, so we reset it after.
 - ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob in each position's
   dict. ``LLM(logprobs_mode=...)``: ``raw_logprobs`` is the model's plain log-softmax,
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from megatron_pc.weight_sync.channel import BucketPayload, ChannelSpec, receiver_names
-from megatron_pc.weight_sync.engine_side import join_in_worker, leave_in_worker, load_in_worker
+from megatron_pc.weight_sync.engine_side import join_in_worker, leave_in_worker, load_in_worker, load_pairs_in_worker
 from megatron_pc.rollout.base import (
     EngineError,
     FinishReason,
@@ -58,7 +60,7 @@ from megatron_pc.rollout.base import (
     WeightPushStats,
     derive_seed,
 )
-from megatron_pc.rollout.config import RolloutConfig
+from megatron_pc.rollout.config import SLEEP_LEVEL, RolloutConfig
 
 if TYPE_CHECKING:
     import torch
@@ -303,12 +305,7 @@ class VllmEngine(RolloutEngine):
             # A list: the in-process worker (TP=1) iterates it, and vLLM's multiprocessing
             # executor (TP>1) pickles it to every worker; either way it is counted here.
             pairs = list(weights)
-            # vLLM then warns "RotaryEmbedding: Failed to load weights" on every push. Harmless: its
-            # layer-wise reload counts the rotary layer's cos/sin cache as loadable, but that cache
-            # is computed from rope_theta and never is a checkpoint weight, so vLLM puts the layer's
-            # own cache back (model_loader/reload/layerwise.py). The sync check after every push
-            # compares engine and trainer log-probs and would catch a rotary mismatch.
-            self._call(llm.collective_rpc, "reload_weights", kwargs={"weights_iterator": pairs, "is_checkpoint_format": True})
+            self._call(llm.collective_rpc, load_pairs_in_worker, args=(pairs,))
             tensors, size = len(pairs), sum(t.numel() * t.element_size() for _, t in pairs)
         self._call(llm.reset_prefix_cache)
         stats = WeightPushStats(tensors, size, time.perf_counter() - start)
@@ -316,10 +313,11 @@ class VllmEngine(RolloutEngine):
         return stats
 
     def sleep(self) -> None:
-        """Free GPU weights and KV cache (level 1); a no-op on CPU."""
+        """Free GPU weights and KV cache (rollout.config.SLEEP_LEVEL: the weights are not kept,
+        the driver pushes them after every wake); a no-op on CPU."""
         llm = self._live_llm()
         if self.supports_sleep:
-            self._call(llm.sleep, level=1)
+            self._call(llm.sleep, level=SLEEP_LEVEL)
         self._asleep = True
 
     def wake(self) -> None:

@@ -4,8 +4,9 @@
 At ``tensor_parallel: 1`` the single worker lives in the engine's process; with more, each
 worker is a process of vLLM's multiprocessing executor. Either way every worker holds its own
 :class:`~megatron_pc.weight_sync.channel.Receiver` (rank ``first_rank + its TP rank``), receives
-each bucket itself and loads it with vLLM's ``reload_weights``, which keeps the worker's shard
-of every full tensor. So a worker receives each bucket once: over the broadcast group, mapped
+each bucket itself and loads it with vLLM's layer-wise reload over the bucket's own modules
+(:func:`~megatron_pc.weight_sync.reload.reload_bucket`), which keeps the worker's shard of every
+full tensor. So a worker receives each bucket once: over the broadcast group, mapped
 through CUDA IPC, or (object store) in the payload ``collective_rpc`` hands it.
 """
 
@@ -17,6 +18,7 @@ import torch
 
 from megatron_pc.weight_sync.buckets import TransportError
 from megatron_pc.weight_sync.channel import BucketPayload, ChannelSpec, receiver_names
+from megatron_pc.weight_sync.reload import reload_bucket
 from megatron_pc.weight_sync.transports import join_receiver
 
 _RECEIVER = "_megatron_pc_weight_receiver"
@@ -57,10 +59,15 @@ def load_in_worker(worker: Any, payload: BucketPayload) -> tuple[int, int]:
     pairs = receiver.receive(payload)
     size = sum(t.numel() * t.element_size() for _, t in pairs)
     count = len(pairs)
-    worker.reload_weights(weights_iterator=pairs, is_checkpoint_format=True)
+    reload_bucket(worker, pairs)
     del pairs  # drop any mapping of the sender's memory before saying we are done
     receiver.done(payload)
     return count, size
+
+
+def load_pairs_in_worker(worker: Any, pairs: list[tuple[str, torch.Tensor]]) -> None:
+    """Load (HF name, full tensor) pairs handed over by ``collective_rpc`` itself."""
+    reload_bucket(worker, pairs)
 
 
 def leave_in_worker(worker: Any) -> None:

@@ -9,6 +9,7 @@ log-probs, one token generated and discarded).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,3 +259,43 @@ def test_cpu_binding_splits_the_cpus_evenly_between_workers() -> None:
     assert cpu_binding([0, 1, 2, 3, 4], 2) == "0,1|2,3"
     with pytest.raises(EngineError, match="tensor_parallel 4 needs at least 4 CPUs"):
         cpu_binding([0, 1], 4)
+
+
+class _ReloadLines(logging.Handler):
+    """Counts vLLM's per-module reload lines ("<Layer>: Failed to load weights", "Following
+    weights were not loaded") and every other record of its reload package."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if record.name.startswith("vllm.model_executor.model_loader.reload") or "Failed to load weights" in message \
+                or "were not loaded" in message:  # fmt: skip
+            self.lines.append(message)
+
+
+def test_a_sync_of_layer_buckets_logs_no_per_module_reload_line(engine, hf, tok) -> None:
+    """Two syncs of one bucket per decoder layer through the object store's channel (the real
+    path: each worker receives and loads every bucket): vLLM's own per-bucket reload would log a
+    line for every module left out of the bucket; ours logs none, and the engine then scores like
+    transformers on the pushed weights."""
+    seqs = [tok(p + a)["input_ids"] + [tok.eos_token_id] for p, a in [("12+345=", "357"), ("7*8=", "56")]]
+    vllm_logger = logging.getLogger("vllm")  # configured by vLLM when it was imported: add after
+    counter = _ReloadLines()
+    vllm_logger.addHandler(counter)
+    try:
+        for seed in (21, 22):
+            perturb(hf, seed=seed)
+            pushed, sent = _push_through_channel(engine, "object_store", list(hf.state_dict().items()))
+            assert sent.buckets == len(pushed) > 4
+        assert counter.lines == []
+        diffs = [abs(a - b) for s, e in zip(seqs, engine.score(seqs)) for a, b in zip(e, hf_logprobs(hf, s))]
+        assert sum(diffs) / len(diffs) <= 1e-4
+        # The counter sees vLLM's lines: its whole-model reload of one layer's weights logs them.
+        layer = [(n, t) for n, t in hf.state_dict().items() if n.startswith("model.layers.0.")]
+        engine._live_llm().collective_rpc("reload_weights", kwargs={"weights_iterator": layer, "is_checkpoint_format": True})
+        assert sum("Failed to load weights" in line for line in counter.lines) > 5
+    finally:
+        vllm_logger.removeHandler(counter)

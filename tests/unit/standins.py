@@ -209,8 +209,9 @@ class StandInWorkers:
         self.engines.restart(index)
         self.sync_weights()
 
-    def start(self) -> None:
-        pass
+    def start(self, ready: Any = None) -> None:
+        if ready is not None:
+            ready()
 
     def sync_weights(self) -> dict[str, float]:
         for engine in self.engines.engines:

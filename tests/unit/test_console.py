@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -56,3 +57,35 @@ def test_verbose_console_shows_everything(tmp_path: Path) -> None:
     for line in ("our summary line", "our info detail", "RotaryEmbedding", "deprecation", "C library", "child process", "own handler"):
         assert line in terminal, line
     assert "our info detail" in log
+
+
+ENGINE_ACTOR = textwrap.dedent(
+    """
+    import logging, os, subprocess, sys
+    from megatron_pc import console
+
+    # What an engine actor does when it starts (cluster/engines.py: EngineActor), in its own process.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    print(console.redirect_worker_output(own_log=sys.argv[1]))
+    logging.getLogger("vllm.model_executor").warning("an engine's warning")
+    os.write(1, ("%s writes to fd 1\\n" % sys.argv[1]).encode())
+    subprocess.run([sys.executable, "-c", "print('its vLLM worker process prints')"], check=True)
+    """
+)
+
+
+def test_each_engine_process_writes_its_own_log_beside_train_log_which_names_it(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("the driver's line\n")
+    env = {**os.environ, "MEGATRON_PC_LOG_FILE": str(log)}
+    for name in ("engine0", "engine1", "engine0"):  # engine0 again: a restart appends to its file
+        proc = subprocess.run([sys.executable, "-c", ENGINE_ACTOR, name], capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == 0, proc.stderr
+    driver = log.read_text()
+    assert "writes to fd 1" not in driver and "warning" not in driver and "prints" not in driver
+    assert driver.count("engine0 (pid") == 2 and driver.count("engine1 (pid") == 1
+    assert f"writes its output to {tmp_path / 'logs' / 'engine1.log'}" in driver
+    own = (tmp_path / "logs" / "engine0.log").read_text()
+    assert own.count("engine0 writes to fd 1") == 2 and own.count("an engine's warning") == 2
+    assert own.count("its vLLM worker process prints") == 2 and "engine1" not in own
+    assert "engine1 writes to fd 1" in (tmp_path / "logs" / "engine1.log").read_text()

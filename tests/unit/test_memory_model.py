@@ -62,7 +62,7 @@ def test_engines_take_their_share_of_the_whole_device_beside_the_offloaded_polic
 
 def test_weight_sync_holds_two_embedding_sized_buckets_on_each_side() -> None:
     terms = _terms("weight sync")
-    bucket = EMBEDDING * 2 / GIB  # the largest unit, gathered whole: 1.45 GiB > 64 MiB
+    bucket = (EMBEDDING + 5120) * 2 / GIB  # the largest bucket, the output layer with the final norm: 1.45 GiB > 64 MiB
     assert terms["weight-sync send buffers"] == pytest.approx(4 * bucket)
     assert terms["weight-sync receive buffers (outside vLLM's budget)"] == pytest.approx(2 * bucket)
 
@@ -91,9 +91,12 @@ def test_unchunked_log_probs_hold_three_fp32_copies_of_the_whole_micro_batch() -
     assert terms["log-prob chunk temporaries (fp32)"] == pytest.approx(3 * 6144 * 75968 * 4 / GIB)  # 5.2
 
 
-def test_host_memory_holds_the_sleeping_engines_weights_pinned_and_the_offloaded_adam_state() -> None:
+def test_host_memory_holds_the_offloaded_adam_state_and_at_sleep_level_1_the_engines_weights_pinned() -> None:
     terms = {t.name: t.gib for t in plan_layout(MODEL, LAYOUT).host.terms}
-    assert terms["vLLM weights asleep (pinned)"] == pytest.approx(8 * MODEL.total_params * 2 / 2 / GIB)
+    assert "vLLM weights asleep (pinned)" not in terms  # sleep level 2 (rollout.config.SLEEP_LEVEL) keeps no copy
+    level1 = replace(LAYOUT.memory_inputs(), sleep_level=1)
+    pinned = {t.name: t.gib for t in mm.host_phase(MODEL, level1, 8, 8, 8).terms}
+    assert pinned["vLLM weights asleep (pinned)"] == pytest.approx(8 * MODEL.total_params * 2 / 2 / GIB)
     assert terms["optimizer state offloaded (while generating)"] == pytest.approx(8 * LOCAL * 12 / 32 / GIB)
     assert terms["processes"] == 16 * 4.0
 
@@ -107,3 +110,31 @@ def test_paper_configs_leave_ten_percent_in_every_phase(name: str, nodes: int) -
     assert report.fits, report.problems
     for phase in report.phases:
         assert phase.total <= 0.9 * layout.device.total_gib, phase.name
+
+
+def test_sync_buckets_are_those_buckets_by_layer_cuts_from_the_export_order() -> None:
+    import torch
+
+    from megatron_pc.weight_sync.buckets import buckets_by_layer
+
+    model = KNOWN_MODELS["Qwen3-14B"]
+    units = mm.sync_units(model)
+    names = ["model.embed_tokens.weight", *[f"model.layers.{k}.mlp.down_proj.weight" for k in range(model.layers)],
+             "model.norm.weight", "lm_head.weight"]  # fmt: skip
+    tensors = [(n, torch.empty(b // 2, dtype=torch.bfloat16, device="meta")) for n, b in zip(names, units)]
+    for mb in (64, 853, 4096):
+        real = [sum(t.numel() * 2 for _, t in bucket) for bucket in buckets_by_layer(tensors, mb * 2**20)]
+        assert real == mm.sync_buckets(model, mb), mb
+
+
+@pytest.mark.parametrize(("name", "nodes"), [("qwen2.5_math_1.5b", 1), ("qwen3_4b", 2), ("qwen3_8b", 4), ("qwen3_14b", 8)])
+def test_paper_configs_take_the_largest_buckets_no_larger_than_the_embedding(name: str, nodes: int) -> None:
+    from megatron_pc.launch.plan import _parser, layout_from_args
+
+    model, layout = layout_from_args(_parser().parse_args([name, "--nodes", str(nodes)]))
+    mb = mm.bucket_mb_within_largest_unit(model)
+    assert layout.sync_bucket_mb == mb
+    largest = max(mm.sync_buckets(model, 64))  # the output layer (or embedding) with the norm
+    assert max(mm.sync_buckets(model, mb)) == largest  # the sync's buffers stay what they were at 64 MiB
+    assert max(mm.sync_buckets(model, mb + model.layer_params * 2 // 2**20)) > largest  # one layer more would grow them
+    assert len(mm.sync_buckets(model, mb)) < len(mm.sync_buckets(model, 64)) / 1.9

@@ -80,25 +80,30 @@ def test_a_layout_larger_than_the_cluster_is_refused_naming_both(capsys) -> None
 
 def test_refit_projection_of_qwen3_14b_is_its_bytes_over_the_stated_links() -> None:
     """Hand computation: 14,768,307,200 parameters x 2 B = 29.537 GB; policy and engine TP 2;
-    64 MiB buckets: ceil(29.537e9 / 67,108,864) = 441; links at 80%."""
-    from megatron_pc.launch.refit import Links, refit
+    buckets of 853 MiB that keep a layer whole: the embedding, 20 of two layers, the norm with
+    the output layer = 22; links at 80%; the measured costs per bucket and per layer."""
+    from megatron_pc.launch.refit import BUCKET_LATENCY_S, LAYER_RELOAD_S, Links, refit
 
     result = refit(KNOWN_MODELS["Qwen3-14B"], load_config(CONFIG), Links.for_gpu("H200", 4.8), nodes=8)
     m = 2 * 14_768_307_200
-    assert result["bytes"] == m and result["buckets"] == 441
+    assert result["bytes"] == m and result["buckets"] == 22
     ipc = result["transports"]["cuda_ipc"]["stages_s"]
     assert ipc["tp_gather"] == pytest.approx(m / 2 / (450e9 * 0.8))  # half the model over NVLink: 0.041 s
     assert ipc["pack"] == pytest.approx(2 * m / (4800e9 * 0.8))  # read + write on HBM: 0.0154 s
     assert ipc["load"] == pytest.approx(2 * m / 2 / (4800e9 * 0.8))  # each worker its half: 0.0077 s
-    assert ipc["bucket_latency"] == pytest.approx(441 * 0.002)
+    assert ipc["bucket_latency"] == pytest.approx(22 * BUCKET_LATENCY_S)
+    assert ipc["layer_reload"] == pytest.approx(40 * LAYER_RELOAD_S)
     total = result["transports"]["cuda_ipc"]["total_s"]
-    assert total == pytest.approx(0.9462, abs=1e-3) and total <= result["goal_s"]["cuda_ipc"] == 2.0
+    # The CPU-measured reload pass (85 ms a layer, with vLLM-CPU's weight repacking) puts the
+    # projection over the 2 s goal; without it the GPU stages and buckets take 0.11 s.
+    assert total == pytest.approx(3.511, abs=1e-3) and total > result["goal_s"]["cuda_ipc"] == 2.0
+    assert total - ipc["layer_reload"] == pytest.approx(0.111, abs=1e-3)
     bc = result["transports"]["broadcast"]["stages_s"]
     assert bc["broadcast"] == pytest.approx(m / (50e9 * 0.8))  # one NIC: 0.738 s
     store = result["transports"]["object_store"]
     assert store["stages_s"]["to_nodes"] == pytest.approx(7 * m / (50e9 * 0.8))
     assert store["stages_s"]["to_workers"] == pytest.approx(3 * m / (10e9 * 0.8))
-    assert store["total_s"] == pytest.approx(22.01, abs=0.01) and store["slowest_stage"] == "to_workers"
+    assert store["total_s"] == pytest.approx(24.58, abs=0.01) and store["slowest_stage"] == "to_workers"
 
 
 def test_project_prints_the_refit_per_transport() -> None:
@@ -109,5 +114,6 @@ def test_project_prints_the_refit_per_transport() -> None:
     with contextlib.redirect_stdout(out):
         assert main(["project", CONFIG]) == 0
     text = out.getvalue()
-    assert "weight sync (refit) of Qwen3-14B: 29.54 GB in bf16, 441 buckets of 64 MiB" in text
-    assert "| cuda_ipc |" in text and "(goal <= 2 s: met)" in text and "| object_store |" in text
+    assert "weight sync (refit) of Qwen3-14B: 29.54 GB in bf16, 22 buckets of 853 MiB" in text
+    assert "| cuda_ipc |" in text and "3.51 (goal <= 2 s: NOT met)" in text and "| object_store |" in text
+    assert "2.1 ms per bucket and 85.0 ms per layer (measured on CPU" in text
