@@ -205,6 +205,10 @@ def verify(path: Path, checksums: bool = True) -> str | None:
         files = {name: _entry(e, name, manifest) for name, e in manifest["files"].items()}
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as err:
         return f"{MANIFEST} is unreadable ({type(err).__name__}: {err})"
+    # A damaged key still parses as JSON: the manifest must name the step its directory is.
+    named = re.fullmatch(r"step_(\d+)", path.name)
+    if named and manifest.get("step") != int(named.group(1)):
+        return f"{MANIFEST} names step {manifest.get('step')!r}, its directory is step {int(named.group(1))}"
     for name, (size, _) in files.items():
         f = path / name
         if not f.is_file():
@@ -230,7 +234,9 @@ def _entry(entry: Any, name: str, manifest: dict[str, Any]) -> tuple[int, str | 
     """(size, sha256) of one manifest entry; the older format gives a size (and, for the
     controller, a separate hash)."""
     if isinstance(entry, dict):
-        size, digest = entry["size"], entry.get("sha256")
+        if set(entry) != {"size", "sha256"}:
+            raise ValueError(f"{name}: the entry's keys are {sorted(entry)}, not size and sha256")
+        size, digest = entry["size"], entry["sha256"]
     else:
         size, digest = entry, manifest["controller_sha256"] if name == CONTROLLER else None
     if not isinstance(size, int) or not (digest is None or isinstance(digest, str)):

@@ -38,6 +38,9 @@ def test_latest_returns_the_newest_complete_checkpoint(tmp_path) -> None:
         (lambda p: (p / "MANIFEST.json").write_text("{"), "unreadable"),
         (lambda p: _flip_byte(p / "policy" / "shard.bin", 3), "policy/shard.bin does not match its checksum"),
         (lambda p: (p / "MANIFEST.json").write_text('{"step": 4, "files": {"policy/shard.bin": "5"}}'), "unreadable"),
+        # Damage that leaves valid JSON: a key of the manifest or of an entry changed by one byte.
+        (lambda p: _replace(p / "MANIFEST.json", b'"step"', b'"rtep"'), "names step None, its directory is step 4"),
+        (lambda p: _replace(p / "MANIFEST.json", b'"sha256"', b'"sha257"'), "unreadable"),
     ],
 )
 def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, damage, why: str) -> None:
@@ -48,6 +51,12 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(tmp_path, damage, 
     assert why in verify(newest)
     step, _ = mgr.latest()
     assert step == 2
+
+
+def _replace(path: Path, old: bytes, new: bytes) -> None:
+    data = path.read_bytes()
+    assert old in data
+    path.write_bytes(data.replace(old, new, 1))
 
 
 def _flip_byte(path: Path, offset: int) -> None:
