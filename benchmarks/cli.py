@@ -16,6 +16,7 @@ BENCHES = CommandTable("megatron-pc bench", {
     "faults": ("benchmarks.faults:main", "the fault suite: faults injected into real runs and bad inputs, survived and refused"),
     "sweep": ("benchmarks.sweep:main", "history-aware Pilot-Commit vs PC, GRPO, DAPO on the simulator over a grid of task settings"),
     "weight-sync": ("benchmarks.weight_sync:main", "per-bucket overhead of the weight sync (Ray call, reload pass, acknowledgement) on CPU"),
+    "activations": ("benchmarks.activations:main", "saved-activation bytes of one Megatron layer per token and per score element (the memory model's term)"),
     "rollouts": ("benchmarks.strategies:main", "rollouts and seconds to target accuracies per task regime, over seeds; report and plots"),
 }, metavar="NAME", heading="benchmarks")
 

@@ -63,6 +63,10 @@ class Config:
             raise ConfigError("rollout.weight_transport", "cuda_ipc needs model.pipeline_parallel 1: every policy rank hands the "
                               f"engine worker on its GPU the whole model, and a pipeline stage holds only its layers; got "
                               f"{self.model.pipeline_parallel}; use object_store")
+        if self.model.layer_spec == "local" and self.training.sequence_parallel and self.model.tensor_parallel > 1:
+            raise ConfigError("model.layer_spec", "local (Megatron's local spec) cannot run training.sequence_parallel: its "
+                              "WrappedTorchNorm asserts `not config.sequence_parallel`; use sdpa (ours) or te (Transformer "
+                              "Engine, docs/gpu_install.md), or set training.sequence_parallel=false")
         if self.training.pipelined and self.cluster.colocated:
             raise ConfigError("training.pipelined", "needs cluster.placement=split: colocated engines sleep while the policy trains, "
                               "so generation cannot overlap training")  # fmt: skip

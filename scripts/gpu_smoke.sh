@@ -31,11 +31,12 @@ PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp
           --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 
 # Every GPU test that needs no vLLM and no Ray and runs on one GPU. Left out: the NCCL broadcast
-# (two GPUs), CUDA IPC into a vLLM engine (vLLM) and the pipelined run (two GPUs, vLLM, Ray).
+# and TP 2 with sequence parallelism (two GPUs), CUDA IPC into a vLLM engine (vLLM) and the
+# pipelined run (two GPUs, vLLM, Ray).
 # tests/unit/test_gpu_smoke.py checks each id exists and that nothing else in tests/gpu is missed.
 SELECTION=(
   "tests/gpu/test_megatron_gpu.py::test_provider_uses_transformer_engine_spec_and_bf16_params_when_te_is_installed"
-  "tests/gpu/test_megatron_gpu.py::test_provider_falls_back_to_local_spec_without_transformer_engine"
+  "tests/gpu/test_megatron_gpu.py::test_provider_falls_back_to_our_sdpa_spec_without_transformer_engine"
   "tests/gpu/test_megatron_gpu.py::test_bf16_logprobs_match_transformers_bf16[llama]"
   "tests/gpu/test_megatron_gpu.py::test_bf16_logprobs_match_transformers_bf16[qwen2]"
   "tests/gpu/test_megatron_gpu.py::test_bf16_logprobs_match_transformers_bf16[qwen3]"
@@ -44,6 +45,9 @@ SELECTION=(
   "tests/gpu/test_megatron_gpu.py::test_export_to_hf_names_and_back_is_bit_exact[llama-tied]"
   "tests/gpu/test_megatron_gpu.py::test_export_to_hf_names_and_back_is_bit_exact[qwen2]"
   "tests/gpu/test_megatron_gpu.py::test_export_to_hf_names_and_back_is_bit_exact[qwen3]"
+  "tests/gpu/test_sequence_parallel_gpu.py::test_our_spec_in_bf16_on_cuda_equals_megatron_local_spec_and_trains"
+  "tests/gpu/test_activations_gpu.py::test_our_spec_holds_the_modelled_bytes_a_token_at_14b_widths"
+  "tests/gpu/test_activations_gpu.py::test_megatron_local_spec_holds_the_modelled_score_bytes"
   "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_hands_buckets_to_another_process_on_the_same_gpu_bit_identical"
   "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_sender_fails_naming_the_bucket_when_the_engine_never_acknowledges"
   "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_per_gpu_bucket_reaches_the_worker_on_that_gpu_through_its_own_channel"

@@ -16,6 +16,7 @@ python="${PYTHON:-python3}"
 launch_venv="${MEGATRON_PC_LAUNCH_VENV:-.venv-launch}"
 
 die() { echo "install.sh: $*" >&2; exit 1; }
+say() { echo "install.sh: $*" >&2; }
 
 # `megatron-pc launch` needs nemo-run, which cannot share an environment with vLLM (see
 # setup.py): a second, small environment with megatron-pc and nemo-run only; the launch command
@@ -98,8 +99,27 @@ if not torch.cuda.is_available():
              f"the GPUs, the driver must support CUDA {torch.version.cuda} (for CUDA 13: driver 580 or newer), "
              f"and CUDA_VISIBLE_DEVICES must not be empty.")
 names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+from megatron_pc.models.layer_specs import TE_HOW_TO_GET, transformer_engine_importable
+if transformer_engine_importable():
+    import transformer_engine
+    print(f"Transformer Engine {transformer_engine.__version__}: model.layer_spec auto builds the TE spec")
+else:
+    print(f"Transformer Engine: absent; model.layer_spec auto builds ours (sdpa: RMSNorm with sequence parallelism, "
+          f"torch SDPA); model.layer_spec=te would be refused ({TE_HOW_TO_GET})")
 print(f"megatron-pc GPU install OK: {torch.cuda.device_count()} GPU(s): {names}")
 PY
+}
+
+# Transformer Engine's torch extension has no wheel: pip builds it with nvcc (and cuDNN's headers).
+# Where a CUDA toolkit is found it is built (the `te` extra); elsewhere the run uses our layer spec.
+install_te() {
+    if command -v nvcc >/dev/null 2>&1 || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
+        say "nvcc found: building Transformer Engine (the te extra; several minutes)"
+        NVTE_FRAMEWORK=pytorch "$venv/bin/python" -m pip install -q --no-build-isolation -e '.[te]' ||
+            say "Transformer Engine did not build (see pip's output above); runs use our layer spec (sdpa) without it"
+    else
+        say "no nvcc (CUDA toolkit) here: Transformer Engine not built; runs use our layer spec (sdpa). For TE, use the container (docker/Dockerfile) or rerun on a node with the CUDA toolkit"
+    fi
 }
 
 install_gpu() {
@@ -125,6 +145,7 @@ PY
         return 0
     fi
     "$venv/bin/python" -m pip install -q -e '.[gpu,dev]'
+    install_te
     install_launch_venv
     check_gpu
 }

@@ -82,9 +82,11 @@ source "$repo/slurm/lib/container.sh"
 
 # --- 1. the layout plan: refuse a layout that cannot fit before any node does work ---------
 # Rule: a job without GPUs (gpus per node 0, e.g. the tiny CPU run) has no GPU layout to plan;
-# its config is still fully validated by `megatron-pc config`.
+# its config is still fully validated by `megatron-pc config`. The planner runs in the job's own
+# environment (the image, or the venv), so it detects Transformer Engine where the ranks will run
+# and refuses a layer spec that needs TE there (docs/gpu_install.md), before Ray starts.
 if [ "$gpus_per_node" -gt 0 ]; then
-    say "planning $config for $nodes nodes x $gpus_per_node GPUs"
+    say "planning $config for $nodes nodes x $gpus_per_node GPUs (Transformer Engine detected in the job's environment)"
     plan_rc=0
     "${in_image[@]}" megatron-pc plan "$config" --nodes "$nodes" --gpus-per-node "$gpus_per_node" "${overrides[@]}" || plan_rc=$?
     if [ "$plan_rc" -ne 0 ]; then

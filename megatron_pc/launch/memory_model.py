@@ -142,8 +142,15 @@ class MemoryInputs:
     empty_cache: bool = True
     sync_bucket_mb: int = 64
     reference_model: bool = False
-    flash_attention: bool = True
     sleep_level: int = SLEEP_LEVEL
+    layer_spec: str = "te"
+    """The resolved layer spec (megatron_pc/models/layer_specs.py): ``te`` and ``sdpa`` keep no
+    score matrix; ``local`` (Megatron's unfused attention) keeps [heads/TP, s, s] a row and layer."""
+
+    @property
+    def flash_attention(self) -> bool:
+        """Attention keeps no score matrix (TE's flash attention, or torch SDPA in ours)."""
+        return self.layer_spec != "local"
 
 
 def _gib(n_bytes: float) -> float:
@@ -183,15 +190,65 @@ def optimizer_term(model: ModelShape, m: MemoryInputs) -> Term:
     return Term(f"optimizer states ({sharding})", _gib(n * per / shards), how)
 
 
+# Saved activations of one layer, measured with torch.autograd.graph.saved_tensors_hooks on the
+# real Megatron layer (benchmarks/activations.py; pinned by tests/unit/test_activation_term.py),
+# in values of each width a token keeps for the backward pass, at TP 1:
+SP_VALUES = 4
+"""Hidden-width values a token keeps, split by sequence parallelism: the inputs of the input norm,
+the QKV projection, the pre-MLP norm and the first MLP projection."""
+TP_VALUES = {"q": 4, "kv": 3, "i": 5}
+"""Values a token keeps inside attention and the MLP, split by TP (heads, FFN columns), ours
+(``sdpa``) and TE: the QKV projection's output (q + 2kv), the q-norm's input (q), q and k after
+RoPE (q + kv), the attention output (q); the first MLP projection's output (2i), SiLU's output (i)
+and the product (i), which the second projection keeps."""
+LOCAL_TP_VALUES = {"q": 6, "kv": 2, "i": 5}
+"""Megatron's local spec: its unfused attention keeps k and v repeated to every query head and
+the attention output as a copy (q, q, q beside q after RoPE) instead of k after RoPE (kv)."""
+FP32_ROW_VALUES = 4
+"""Bytes of each norm's reciprocal rms: one fp32 a token for each of the two hidden norms
+(split by SP) and one a head for the q- and k-norms (split by TP); SDPA's softmax statistics,
+one fp32 a query head (split by TP)."""
+ROPE_VALUES = 4
+"""Head-dim values a token keeps per layer for RoPE (cos and sin, for q and for k), on every TP rank."""
+SCORE_BYTES = 6
+"""Bytes a score element keeps in Megatron's unfused attention (bf16): the probabilities (2 B)
+and the fp32 softmax output (4 B); plus a causal mask of 1 B per [s, s] element, shared by the heads."""
+
+
+def layer_bytes_per_token(hidden: int, q: int, kv: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
+                          spec: str, params_bytes: int, sp: int = 1, tp: int = 1) -> float:
+    """Bytes one token keeps per layer for the backward pass (no recomputation), at SP / TP."""
+    values = TP_VALUES if spec != "local" else LOCAL_TP_VALUES
+    inside = values["q"] * q + values["kv"] * kv + values["i"] * intermediate
+    rows = (2 / sp + (heads + kv_heads + (heads if spec != "local" else 0)) / tp) * FP32_ROW_VALUES
+    return (SP_VALUES * hidden / sp + inside / tp + ROPE_VALUES * head_dim) * params_bytes + rows
+
+
+def score_bytes(heads: int, tp: int, tokens: int, row: int) -> float:
+    """Bytes Megatron's unfused attention keeps for ``tokens`` of rows of ``row`` tokens."""
+    return tokens * row * (SCORE_BYTES * heads / tp + 1)
+
+
+def predicted_layer_bytes(hidden: int, q: int, kv: int, intermediate: int, spec: str, params_bytes: int,
+                          heads: int = 1, kv_heads: int = 1, head_dim: int = 128) -> dict[str, float]:
+    """The model's figures at TP 1 for benchmarks/activations.py: bytes a token, and a score element."""
+    per_token = layer_bytes_per_token(hidden, q, kv, intermediate, heads, kv_heads, head_dim, spec, params_bytes)
+    return {"per_token": per_token, "per_score_element": (SCORE_BYTES + 1 / heads) if spec == "local" else 0.0}
+
+
 def _per_token_layer_bytes(model: ModelShape, m: MemoryInputs) -> tuple[float, str]:
     """Bytes one token keeps per layer for the backward pass (no recomputation)."""
     tp = m.tensor_parallel
     q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
     sp = tp if m.sequence_parallel and tp > 1 else 1
-    values = 4 * model.hidden / sp + (2 * q + 2 * kv + 3 * model.intermediate) / tp
-    how = (f"(4h/{sp} + (2q + 2kv + 3i)/{tp}) x {m.params_bytes} B = {values * m.params_bytes / 1e3:.1f} kB a token a layer "
-           f"({'sequence parallel' if sp > 1 else 'no sequence parallelism'}, flash attention, no recomputation)")
-    return values * m.params_bytes, how
+    per = layer_bytes_per_token(model.hidden, q, kv, model.intermediate, model.heads, model.kv_heads, model.head_dim,
+                                m.layer_spec, m.params_bytes, sp, tp)
+    v = TP_VALUES if m.layer_spec != "local" else LOCAL_TP_VALUES
+    how = (f"({SP_VALUES}h/{sp} + ({v['q']}q + {v['kv']}kv + {v['i']}i)/{tp} + {ROPE_VALUES}d) x {m.params_bytes} B + fp32 "
+           f"row statistics = {per / 1e3:.1f} kB a token a layer ({m.layer_spec} spec, "
+           f"{'sequence parallel' if sp > 1 else 'no sequence parallelism'}, no recomputation; measured: "
+           "benchmarks/activations.py)")
+    return per, how
 
 
 def activations_term(model: ModelShape, m: MemoryInputs, layers: int, label: str) -> list[Term]:
@@ -203,9 +260,10 @@ def activations_term(model: ModelShape, m: MemoryInputs, layers: int, label: str
         # Unfused attention keeps the scores and the softmax, [heads/TP, s, s] per row and layer:
         # at most tokens x the longest row (rollout.max_model_len) per micro-batch.
         row = min(tokens, m.sequence_tokens)
-        scores = 2 * (model.heads / m.tensor_parallel) * tokens * row * m.params_bytes
-        terms.append(Term(f"attention scores ({label}, unfused)", _gib(scores * layers),
-                          f"2 x {model.heads}/{m.tensor_parallel} heads x {tokens} tokens x {row} x {m.params_bytes} B x {layers} layers"))
+        scores = score_bytes(model.heads, m.tensor_parallel, tokens, row)
+        terms.append(Term(f"attention scores ({label}, unfused: layer_spec local)", _gib(scores * layers),
+                          f"{tokens} tokens x {row} x ({SCORE_BYTES} B x {model.heads}/{m.tensor_parallel} heads + 1 B mask) "
+                          f"x {layers} layers (measured: benchmarks/activations.py)"))
     return terms
 
 

@@ -75,6 +75,17 @@ class Layout:
     """A reference model runs (training.kl_coef > 0)."""
     host_memory_gib: float = DEFAULT_HOST_MEMORY_GIB
     """Host memory of one node."""
+    layer_spec: str = "auto"
+    """model.layer_spec (megatron_pc/models/layer_specs.py)."""
+    transformer_engine: bool = True
+    """Transformer Engine is installed where the job runs (``plan --te/--no-te``; detected by default)."""
+
+    def resolved_layer_spec(self) -> str:
+        """The spec the GPU job builds (raises LayerSpecError for one it cannot build)."""
+        from megatron_pc.models.layer_specs import resolve_layer_spec
+
+        sp = self.sequence_parallel if self.sequence_parallel is not None else self.tensor_parallel > 1
+        return resolve_layer_spec(self.layer_spec, sp and self.tensor_parallel > 1, True, self.transformer_engine)
 
     @property
     def gpus(self) -> int:
@@ -112,7 +123,18 @@ class Layout:
             offload_optimizer=default(self.offload_optimizer, self.colocated),
             empty_cache=default(self.empty_cache, self.colocated),
             sync_bucket_mb=self.sync_bucket_mb, reference_model=self.reference_model,
+            layer_spec=self._spec_or_local(),
         )
+
+    def _spec_or_local(self) -> str:
+        """The resolved spec; one that cannot be built is planned as asked (the refusal itself is
+        :func:`check_layer_spec`'s)."""
+        from megatron_pc.models.layer_specs import LayerSpecError
+
+        try:
+            return self.resolved_layer_spec()
+        except LayerSpecError:
+            return self.layer_spec
 
 
 @dataclass
@@ -203,15 +225,32 @@ def check_engines(model: ModelShape, layout: Layout) -> tuple[int, list[str]]:
     return tokens, []
 
 
+def check_layer_spec(layout: Layout) -> list[str]:
+    """The layer spec must be one the GPU job can build (TE where asked, no SP with Megatron's local spec)."""
+    from megatron_pc.models.layer_specs import LayerSpecError
+
+    try:
+        layout.resolved_layer_spec()
+    except LayerSpecError as err:
+        return [str(err)]
+    return []
+
+
 def check_phases(phases: list[mm.Phase], limit_gib: float, what: str) -> list[str]:
-    """A phase over ``limit_gib`` is refused, naming its largest term."""
+    """A phase over ``limit_gib`` is refused, naming its largest term (and, where the unfused
+    attention's scores are a term, what keeps none)."""
+    from megatron_pc.models.layer_specs import TE_HOW_TO_GET
+
     problems = []
     for phase in phases:
         if phase.total > limit_gib:
             term = max(phase.terms, key=lambda t: t.gib)
+            scores = next((t for t in phase.terms if t.name.startswith("attention scores")), None)
+            hint = (f"; of it, the unfused attention's score matrix {scores.gib:.1f} GiB (Megatron's local spec): use "
+                    f"model.layer_spec=sdpa, or Transformer Engine; {TE_HOW_TO_GET}") if scores else ""
             problems.append(
                 f"{phase.name}: {phase.total:.1f} GiB does not fit in {mm.LIMIT:.0%} of {what} = {limit_gib:.1f} GiB; "
-                f"largest term: {term.name} = {term.gib:.1f} GiB"
+                f"largest term: {term.name} = {term.gib:.1f} GiB{hint}"
             )
     return problems
 
@@ -241,7 +280,7 @@ def ledger_problems(model: ModelShape, layout: Layout) -> tuple[Booking, list[st
 
 def plan_layout(model: ModelShape, layout: Layout) -> PlanReport:
     """Check ``layout`` for ``model`` and reckon its memory (megatron_pc/launch/memory_model.py)."""
-    problems = check_gpu_counts(layout) + check_divisibility(model, layout)
+    problems = check_gpu_counts(layout) + check_divisibility(model, layout) + check_layer_spec(layout)
     m = layout.memory_inputs()
     total = layout.device.total_gib
     phases = (mm.colocated_phases if layout.colocated else mm.split_phases)(model, m, total)
@@ -262,6 +301,16 @@ def _settings_lines(m: mm.MemoryInputs) -> list[str]:
         f"{on[m.offload_grads and m.colocated]}, offload_optimizer {on[m.offload_optimizer and m.colocated]}, empty_cache "
         f"{on[m.empty_cache and m.colocated]}, sync_bucket_mb {m.sync_bucket_mb}",
     ]
+
+
+SPEC_WORDS = {"te": "Transformer Engine (flash attention, fused norms)",
+              "sdpa": "ours (RMSNorm with sequence parallelism, torch SDPA: no score matrix)",
+              "local": "Megatron's local spec (unfused attention: keeps the score matrix)"}
+
+
+def _spec_line(lay: Layout, inputs: mm.MemoryInputs) -> str:
+    te = "installed" if lay.transformer_engine else "not installed"
+    return f"layers   model.layer_spec {lay.layer_spec} -> {inputs.layer_spec}: {SPEC_WORDS[inputs.layer_spec]}; Transformer Engine {te} (--te/--no-te)"
 
 
 def _phase_lines(phase: mm.Phase, capacity_gib: float) -> list[str]:
@@ -297,6 +346,7 @@ def render(report: PlanReport) -> str:
         f"engines  {lay.engines} x TP={lay.engine_tensor_parallel} = {lay.engine_gpus} GPUs, gpu_memory_utilization "
         f"{lay.gpu_memory_utilization} of the whole device, KV cache {report.kv_cache_tokens} tokens per engine "
         f"({report.kv_cache_tokens // lay.sequence_tokens} sequences of {lay.sequence_tokens})",
+        _spec_line(lay, inputs),
         *_settings_lines(inputs),
         "",
         "peak memory per GPU in each phase (GiB):",
@@ -306,7 +356,7 @@ def render(report: PlanReport) -> str:
     lines += ["", *_phase_lines(report.host, lay.host_memory_gib), "", *_peak_lines(report), "",
               f"assumed: {mm.POLICY_RUNTIME_GIB:g} GiB runtime per policy process, {mm.SLEEPING_ENGINE_GIB:g} GiB per sleeping "
               f"vLLM worker, {mm.ENGINE_RESERVE_GIB:g} GiB of vLLM activations and graphs in its budget, "
-              f"{mm.HOST_PROCESS_GIB:g} GiB host RSS per process; flash attention (Transformer Engine) on the GPU; "
+              f"{mm.HOST_PROCESS_GIB:g} GiB host RSS per process; activations measured (benchmarks/activations.py); "
               "not counted: activation gradients in flight, allocator fragmentation (the 10% left)", ""]
     lines.append("fits" if report.fits else "REFUSED")
     return "\n".join(lines)
@@ -327,6 +377,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host-memory-gib", type=float, default=DEFAULT_HOST_MEMORY_GIB,
                         help=f"host memory of one node (default {DEFAULT_HOST_MEMORY_GIB:g}: a DGX H200)")
     parser.add_argument("--no-distributed-optimizer", action="store_true", help="plan optimizer states replicated on every DP rank")
+    parser.add_argument("--te", action=argparse.BooleanOptionalAction, default=None,
+                        help="plan with (--te) or without (--no-te) Transformer Engine where the job runs "
+                             "(default: whether transformer_engine.pytorch imports here)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.tensor_parallel=4")
     return parser
 
@@ -377,8 +430,20 @@ def layout_from_args(args: argparse.Namespace) -> tuple[ModelShape, Layout]:
         sync_bucket_mb=cfg.rollout.sync_bucket_mb,
         reference_model=t.kl_coef > 0,
         host_memory_gib=args.host_memory_gib,
+        layer_spec=cfg.model.layer_spec,
+        transformer_engine=_te_where_the_job_runs(args.te),
     )
     return load_model_shape(cfg.model.path), layout
+
+
+def _te_where_the_job_runs(flag: bool | None) -> bool:
+    """``--te``/``--no-te``, else whether Transformer Engine imports in this environment (the
+    SLURM bootstrap plans in the job's own environment)."""
+    if flag is not None:
+        return flag
+    from megatron_pc.models.layer_specs import transformer_engine_importable
+
+    return transformer_engine_importable()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,6 @@ layers, whether it holds the embedding / output layer) and the TP shard come fro
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 
 from megatron_pc import platform
 from megatron_pc.models.hf_config import HFArch, check_parallel_sizes
+from megatron_pc.models.layer_specs import final_norm, layer_spec, resolve_layer_spec, transformer_engine_available
 
 logger = logging.getLogger(__name__)
 
@@ -29,44 +29,18 @@ def padded_vocab_size(vocab_size: int, tp: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def transformer_engine_available() -> bool:
-    """Transformer Engine imports and there is a GPU to run it on."""
-    if not platform.on_gpu():
-        return False
-    try:
-        importlib.import_module("transformer_engine.pytorch")
-    except ImportError:
-        return False
-    return True
-
-
-def layer_spec(arch: HFArch, use_te: bool | None = None):  # -> ModuleSpec
-    """TE layer spec when Transformer Engine is usable, Megatron's local spec otherwise."""
-    from megatron.core.models.gpt import gpt_layer_specs as specs
-
-    use_te = transformer_engine_available() if use_te is None else use_te
-    if use_te:
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.family.qk_norm)
-    return specs.get_gpt_layer_local_spec(qk_layernorm=arch.family.qk_norm, normalization="RMSNorm")
-
-
-def block_spec(arch: HFArch, config, use_te: bool | None = None):  # -> TransformerBlockSubmodules
-    """This stage's layers plus the final norm, both from the same implementation.
+def block_spec(arch: HFArch, config, spec: str):  # -> TransformerBlockSubmodules
+    """This stage's layers plus the final norm, both from the layer spec ``spec`` (resolved:
+    ``te``, ``sdpa`` or ``local``, megatron_pc/models/layer_specs.py).
 
     Passing only a layer spec would let Megatron choose the final norm from whatever imported
     (TE, else Apex's FusedLayerNorm, which rejects RMSNorm, else torch): the local spec on a
     machine with Apex would fail, and one with TE would mix implementations.
     """
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-    use_te = transformer_engine_available() if use_te is None else use_te
-    if use_te:
-        from megatron.core.extensions.transformer_engine import TENorm as norm
-    else:
-        norm = WrappedTorchNorm
     layers = get_num_layers_to_build(config)
-    return TransformerBlockSubmodules(layer_specs=[layer_spec(arch, use_te)] * layers, layer_norm=norm)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(spec, arch.family.qk_norm)] * layers, layer_norm=final_norm(spec))
 
 
 def transformer_config(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype, sequence_parallel: bool = False):  # -> TransformerConfig
@@ -116,16 +90,19 @@ def transformer_config(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype
     )
 
 
-def build_gpt_model(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype, use_te: bool | None = None,
+def build_gpt_model(arch: HFArch, tp: int, pp: int, params_dtype: torch.dtype, layer_spec_setting: str = "auto",
                     vp_stage: int | None = None, sequence_parallel: bool = False):  # -> GPTModel
-    """The GPTModel of this rank's pipeline stage and TP shard."""
+    """The GPTModel of this rank's pipeline stage and TP shard, built with the layer spec
+    ``layer_spec_setting`` resolves to here (``model.layer_spec``; a spec that cannot be built
+    is refused before any parameter is made)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
+    spec = resolve_layer_spec(layer_spec_setting, sequence_parallel, platform.on_gpu(), transformer_engine_available())
     config = transformer_config(arch, tp, pp, params_dtype, sequence_parallel)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=block_spec(arch, config, use_te),
+        transformer_layer_spec=block_spec(arch, config, spec),
         vocab_size=padded_vocab_size(arch.vocab_size, tp),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=True),

@@ -32,7 +32,7 @@ def build_model(arch: HFArch, model_cfg: ModelConfig, trainable: bool, sequence_
 
     sequence_parallel = sequence_parallel and model_cfg.tensor_parallel > 1
     model = build_gpt_model(arch, model_cfg.tensor_parallel, model_cfg.pipeline_parallel, params_dtype(model_cfg),
-                            sequence_parallel=sequence_parallel)
+                            layer_spec_setting=model_cfg.layer_spec, sequence_parallel=sequence_parallel)
     if not trainable:
         model.eval()
         return model

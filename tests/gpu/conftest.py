@@ -1,10 +1,11 @@
-"""Fixtures of the GPU tests: a way to hand measured figures to scripts/gpu_smoke.sh."""
+"""Fixtures of the GPU tests: a world of one rank, and a way to hand measured figures to
+scripts/gpu_smoke.sh."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,22 @@ def record_figure(request: pytest.FixtureRequest) -> Callable[..., None]:
         append_figure(request.node.nodeid, values)
 
     return record
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[None]:
+    """A one-rank process group (NCCL on GPU) with Megatron's groups at TP = PP = 1, for the
+    tests of one module (each module gets its own and tears it down)."""
+    import torch.distributed as dist
+
+    from megatron_pc import platform
+    from megatron_pc.training.launch import free_port
+    from megatron_pc.training.parallel import destroy_parallel, init_parallel
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    dist.init_process_group(platform.dist_backend(), rank=0, world_size=1)
+    init_parallel(1, 1)
+    yield
+    destroy_parallel()
+    dist.destroy_process_group()

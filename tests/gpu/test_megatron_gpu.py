@@ -1,5 +1,5 @@
-"""The Megatron policy on one GPU: Transformer Engine layer spec when TE is installed (the
-local spec otherwise), bf16 parameters by default, log-probs that match transformers in bf16
+"""The Megatron policy on one GPU: Transformer Engine layer spec when TE is installed (our
+sdpa spec otherwise, megatron_pc/models/layer_specs.py), bf16 parameters by default, log-probs that match transformers in bf16
 for Llama, Qwen2 and Qwen3 (qk-norm), a bf16 train step (fp32 main parameters) that moves the
 weights, and the export to HF names (what the weight sync sends) and back, bit for bit.
 
@@ -9,16 +9,14 @@ CUDA by tests/conftest.py; everything imported at module level imports without C
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from helpers.models import bits as _bits
 from helpers.models import make_hf_model, random_sequences
@@ -27,7 +25,6 @@ from megatron_pc.models.config import ModelConfig
 from megatron_pc.models.provider import transformer_engine_available
 from megatron_pc.training.batching import Sequence
 from megatron_pc.training.config import TrainingConfig
-from megatron_pc.training.launch import free_port
 
 pytestmark = pytest.mark.gpu
 
@@ -73,20 +70,6 @@ def _qkv_module(worker: object) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[None]:
-    """A one-rank process group (NCCL on GPU) with Megatron's groups at TP = PP = 1."""
-    from megatron_pc.training.parallel import destroy_parallel, init_parallel
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
-    dist.init_process_group(platform.dist_backend(), rank=0, world_size=1)
-    init_parallel(1, 1)
-    yield
-    destroy_parallel()
-    dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf_gpu")
     return {t: make_hf_model(root, t, initializer_range=INIT_RANGE) for t in ("llama", "qwen2", "qwen3")}
@@ -108,7 +91,7 @@ def test_provider_uses_transformer_engine_spec_and_bf16_params_when_te_is_instal
     assert all(p.is_cuda for p in params)
 
 
-def test_provider_falls_back_to_local_spec_without_transformer_engine(
+def test_provider_falls_back_to_our_sdpa_spec_without_transformer_engine(
         world: None, hf_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     from megatron_pc.training.worker import ReferenceWorker
 
@@ -118,10 +101,10 @@ def test_provider_falls_back_to_local_spec_without_transformer_engine(
     worker = ReferenceWorker(_model_cfg(hf_dirs["qwen2"]))
     qkv = _qkv_module(worker)
     assert type(qkv).__module__ == "megatron.core.tensor_parallel.layers", type(qkv)
-    # Only the layers follow the chosen spec: Megatron's TransformerBlock picks the final norm
-    # from what was importable when megatron.core was imported, which this test cannot undo.
-    assert not any("transformer_engine" in type(m).__module__ for m in worker.module.decoder.layers.modules())
-    # The local spec must also load and run in bf16 on the GPU.
+    # model.layer_spec auto on a GPU without TE: ours (megatron_pc/models/layer_specs.py), final norm included.
+    assert type(worker.module.decoder.layers[0].self_attention.core_attention).__name__ == "SdpaAttention"
+    assert not any("transformer_engine" in type(m).__module__ for m in worker.module.modules())
+    # It must also load and run in bf16 on the GPU.
     worker.load_hf()
     seqs = _sequences(4)
     ours = [lp for lp, _ in worker.compute_logprobs(seqs)]

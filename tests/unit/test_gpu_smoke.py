@@ -28,6 +28,7 @@ NEEDS_MORE = {
     "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_buckets_load_into_a_vllm_engine_like_the_same_weights_pushed_plainly",
     "tests/gpu/test_weight_sync_gpu.py::test_cuda_ipc_buckets_reach_both_workers_of_a_tp2_engine_like_the_same_weights_pushed_plainly",
     "tests/gpu/test_pipelined_gpu.py::test_pipelined_split_run_on_gpus_is_one_step_off_policy_overlaps_and_resumes_exactly",
+    "tests/gpu/test_sequence_parallel_gpu.py::test_tp2_sequence_parallel_on_two_gpus_equals_tp1",
 }
 """GPU tests the smoke check leaves out on purpose: two GPUs, vLLM or Ray."""
 

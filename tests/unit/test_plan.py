@@ -20,14 +20,14 @@ name: qwen3_14b_pc
 model: {path: Qwen3-14B, tensor_parallel: 2, pipeline_parallel: 1, params_dtype: bfloat16}
 cluster: {placement: colocated, data_parallel: 32}
 rollout: {engines: 32, tensor_parallel: 2, gpu_memory_utilization: 0.5, max_tokens: 8192, max_model_len: 9216}
-training: {micro_batch_tokens: 16384}
+training: {micro_batch_tokens: 8192}
 """
 
 # The same 14B layout as a plain Layout, for the pure function.
 LAYOUT_14B = Layout(
     nodes=8, gpus_per_node=8, device=mm.DEVICES["H200"], placement="colocated",
     tensor_parallel=2, pipeline_parallel=1, data_parallel=32, engines=32, engine_tensor_parallel=2,
-    gpu_memory_utilization=0.5, micro_batch_tokens=16384, sequence_tokens=9216,
+    gpu_memory_utilization=0.5, micro_batch_tokens=8192, sequence_tokens=9216,
 )  # fmt: skip
 
 
@@ -61,7 +61,7 @@ def test_tp1_pp1_with_replicated_optimizer_on_one_gpu_is_refused_naming_the_opti
     out, err = capsys.readouterr()
     assert "REFUSED" in out
     # 14.77B parameters on one GPU: 12 B each of Adam state alone is 165 GiB.
-    assert "policy update: 365.3 GiB does not fit in 90% of H200's 140.4 GiB = 126.4 GiB" in err
+    assert "policy update: 337.4 GiB does not fit in 90% of H200's 140.4 GiB = 126.4 GiB" in err
     assert "largest term: optimizer states (replicated) = 165.0 GiB" in err
 
 
@@ -75,7 +75,7 @@ def test_tp_not_dividing_kv_heads_is_refused_naming_them(config_14b: Path, capsy
 
 def test_gpu_memory_flag_refuses_the_14b_layout_on_80_gb_gpus(config_14b: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # 80 names the H100 (79.6 GiB): 0.5 of it for vLLM beside the policy's 14 GiB of weights fits,
-    # but the update (activations of 16,384 tokens) does not.
+    # but the update (activations of 8,192 tokens) does not.
     assert plan(config_14b, "--nodes", "8", "--gpu-memory-gb", "80") == 2
     err = capsys.readouterr().err
     assert "policy update: " in err and "does not fit in 90% of H100's 79.6 GiB = 71.7 GiB" in err
@@ -193,3 +193,23 @@ def test_without_max_model_len_the_engines_hold_the_models_own_limit(tmp_path: P
     config.write_text(f"model: {{path: {model}}}\n")
     assert plan(config, "--nodes", "1", "--gpus-per-node", "1") == 0
     assert "sequences of 96)" in capsys.readouterr().out
+
+
+def test_plan_models_attention_per_layer_spec_and_refuses_what_needs_te(config_14b: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # No TE: auto is ours (no score matrix), and it fits.
+    assert plan(config_14b, "--nodes", "8", "--no-te") == 0
+    out, _ = capsys.readouterr()
+    assert "model.layer_spec auto -> sdpa" in out and "Transformer Engine not installed" in out and "attention scores" not in out
+    assert plan(config_14b, "--nodes", "8", "--te") == 0
+    assert "model.layer_spec auto -> te" in capsys.readouterr().out
+    # TE asked for where it is not: refused, naming TE and the two ways to get it.
+    assert plan(config_14b, "--nodes", "8", "--no-te", "model.layer_spec=te") == 2
+    err = capsys.readouterr().err
+    assert "model.layer_spec=te needs Transformer Engine" in err and "docker/Dockerfile" in err and "install.sh --gpu" in err
+    # Megatron's local spec: refused with SP; without SP its unfused score matrix does not fit.
+    assert plan(config_14b, "--nodes", "8", "model.layer_spec=local") == 2
+    assert "cannot run sequence parallelism" in capsys.readouterr().err
+    assert plan(config_14b, "--nodes", "8", "model.layer_spec=local", "training.sequence_parallel=false") == 2
+    err = capsys.readouterr().err
+    assert "largest term: attention scores (40 layers, 1F1B, unfused: layer_spec local)" in err
+    assert "use model.layer_spec=sdpa, or Transformer Engine; two ways to get it" in err
