@@ -20,8 +20,8 @@ PAPER_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("qwen*.yaml"))
 
 RUN = "tests/integration/test_gpu_settings_on_cpu.py"
 BUCKET_RULE = ("the paper configs' bucket rule (the embedding's size less one layer, tests/unit/test_project.py): the same "
-                                     "whole-layer cut (weight_sync/buckets.py) that tests/integration/test_vllm_engine.py::"
-                                     "test_a_sync_of_layer_buckets_logs_no_per_module_reload_line runs at several buckets a sync")
+               "whole-layer cut (weight_sync/buckets.py) that tests/integration/test_vllm_engine.py::"
+               "test_a_sync_of_layer_buckets_logs_no_per_module_reload_line runs at several buckets a sync")
 
 CPU_COVERED: dict[tuple[str, object], str] = {
     ("cluster.placement", "colocated"): "the tiny CPU run's placement (tests/integration/test_train_e2e.py)",
