@@ -1,8 +1,18 @@
 """``megatron-pc bench rollouts``: rollouts (and seconds) each strategy needs to reach fixed
 validation accuracies, per task regime, over seeds: the paper's headline measurement.
 
-For each regime (:mod:`megatron_pc.analysis.regimes`) and seed it trains pilot_commit, grpo and
-dapo from the same start model, each a normal run directory ``OUT/REGIME/LABEL/seed_K``
+Equal budgets (``--budget R``, the benchmark's design since issue #39; docs/benchmarks.md): every
+strategy (pilot_commit, grpo, dapo and the field's speed_rl, greso, mopps) trains until it has
+generated R rollouts, its steps varying; validation is on a rollout schedule (every
+``--validate-every-rollouts`` K, the same for all, plus at 0 and R) of a validation set sized so
+its standard error is under a third of the smallest target gap; the group shape is the paper's
+(``--shape``, :mod:`benchmarks.shapes`); the report gives accuracy at R/4 .. R and rollouts to
+targets set on the common budget, every ratio as the median of paired per-seed ratios with a
+bootstrap 90% interval (:mod:`megatron_pc.analysis.budget`). Without ``--budget`` the runs are
+matched in ``--steps`` (the older design, kept to reproduce the kept results).
+
+For each regime (:mod:`megatron_pc.analysis.regimes`) and seed it trains the strategies
+from the same start model, each a normal run directory ``OUT/REGIME/LABEL/seed_K``
 (``megatron-pc train``; an interrupted benchmark resumes: finished runs are skipped, partial
 ones continue from their checkpoint). All runs of a regime validate on one fixed set of
 ``--val-size`` prompts (OUT/REGIME/validation.jsonl) every ``--validate-every`` steps.
@@ -42,15 +52,26 @@ from megatron_pc.analysis.report import parse_fractions, write_report
 from megatron_pc.analysis.runs import Run, load_run, metrics_file, relative_path, run_dirs, validation_seconds
 from benchmarks.options import parse_names
 from benchmarks.calibration import calibrate, simulate_regime
+from benchmarks.shapes import MAIN_SHAPE, SHAPES, Shape, parse_shape
 from benchmarks.step import STRATEGIES, run_strategy
 from benchmarks.variants import UPDATE_RULES, VARIANTS, UpdateRule, parse_rule
 from megatron_pc.errors import MegatronPCError
 
 ABLATIONS = ("grpo_matched", "pc_sized")
+FIELD_STRATEGIES = ("speed_rl", "greso", "mopps")
+"""The field's other allocators (allocation/speed_rl.py, greso.py, mopps.py): in an equal-budget benchmark by default."""
+ALL_STRATEGIES = (*STRATEGIES, *FIELD_STRATEGIES)
 DEFAULTS = {"steps": 70, "validate_every": 7, "val_size": 640}
 """The benchmark's run length and validation (docs/benchmarks.md, "A cheaper benchmark"): 640
 prompts keep a validation's standard error at or under 0.5 / sqrt(640) = 0.0198."""
 DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
+BUDGET_DEFAULTS = {"budget": 40_960, "validations": 16, "val_size": 6_000, "step_cap": 100_000}
+"""An equal-budget benchmark (docs/benchmarks.md, "Equal budgets"): 40,960 rollouts (80 GRPO steps of
+512), validation every budget / 16 rollouts, 6,000 validation prompts (the kept runs' per-prompt
+spread, 0.45 on paper_like, puts one validation's standard error at 0.0058, under a third of the
+0.018 gap between targets their median gains give), and a step cap that never binds."""
+MIN_EPOCHS = 3
+"""A regime with a pool of its own (multi_epoch) must give GRPO at least this many epochs of the budget."""
 VALIDATION_SEED = 20_260_526
 """Seed of every regime's fixed validation set (not a run seed: the set is shared by all runs)."""
 
@@ -75,11 +96,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="experiment YAML (default: the tiny CPU run)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every run, e.g. training.lr=1e-4")
     parser.add_argument("--regimes", default=",".join(DEFAULT_REGIMES), help="comma-separated, from " + ", ".join(REGIMES))
-    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated, from " + ", ".join(STRATEGIES))
+    parser.add_argument("--strategies", default=None,
+                        help=f"comma-separated, from {', '.join(ALL_STRATEGIES)} (default: all with --budget, else {', '.join(STRATEGIES)})")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=3, help="seeds per regime and strategy (0..N-1)")
-    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="training steps per run")
-    parser.add_argument("--validate-every", type=int, default=DEFAULTS["validate_every"], help="validation every K steps")
-    parser.add_argument("--val-size", type=int, default=DEFAULTS["val_size"], help="prompts in each regime's fixed validation set")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="equal budgets: every run trains until it has generated this many rollouts (steps vary); "
+                             f"e.g. {BUDGET_DEFAULTS['budget']}. Without it, runs are matched in --steps (the older design)")  # fmt: skip
+    parser.add_argument("--validate-every-rollouts", type=int, default=None,
+                        help=f"with --budget: validation every K generated rollouts, plus at 0 and the budget (default budget / {BUDGET_DEFAULTS['validations']})")  # fmt: skip
+    parser.add_argument("--shape", default=None, choices=tuple(SHAPES),
+                        help=f"group shape (benchmarks/shapes.py; default {MAIN_SHAPE} with --budget, small without)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"training steps per run (default {DEFAULTS['steps']}; with --budget a cap, default {BUDGET_DEFAULTS['step_cap']:,})")  # fmt: skip
+    parser.add_argument("--validate-every", type=int, default=DEFAULTS["validate_every"], help="validation every K steps (without --budget)")
+    parser.add_argument("--val-size", type=int, default=None,
+                        help=f"prompts in each regime's fixed validation set (default {BUDGET_DEFAULTS['val_size']:,} with --budget, else {DEFAULTS['val_size']})")  # fmt: skip
     parser.add_argument("--update-rule", default="reference", choices=UPDATE_RULES,
                         help="reference: the recipe's mini-batches in call rollouts; equal: --updates per step for every strategy")  # fmt: skip
     parser.add_argument("--updates", type=int, default=None, help="with --update-rule equal: optimizer updates per step (default 1)")
@@ -107,7 +138,20 @@ def _check_args(args: argparse.Namespace) -> tuple[list[Regime], list[str], list
     config, args.overrides = split_config_args(args.config, args.overrides)  # CONFIG may be left out
     args.config = config or DEFAULT_CONFIG
     regimes = parse_regimes(args.regimes)
-    strategies = parse_names(args.strategies, "strategies", STRATEGIES)
+    budgeted = args.budget is not None
+    strategies = parse_names(args.strategies or ",".join(ALL_STRATEGIES if budgeted else STRATEGIES), "strategies", ALL_STRATEGIES)
+    args.shape = parse_shape(args.shape or (MAIN_SHAPE if budgeted else "small"))
+    args.steps = args.steps if args.steps is not None else BUDGET_DEFAULTS["step_cap"] if budgeted else DEFAULTS["steps"]
+    args.val_size = args.val_size if args.val_size is not None else BUDGET_DEFAULTS["val_size"] if budgeted else DEFAULTS["val_size"]
+    if budgeted:
+        if args.budget < 1:
+            raise MegatronPCError(f"--budget: must be >= 1 rollout, got {args.budget}")
+        if args.validate_every_rollouts is None:
+            args.validate_every_rollouts = max(1, args.budget // BUDGET_DEFAULTS["validations"])
+        if args.validate_every_rollouts < 1:
+            raise MegatronPCError(f"--validate-every-rollouts: must be >= 1, got {args.validate_every_rollouts}")
+    elif args.validate_every_rollouts is not None:
+        raise MegatronPCError("--validate-every-rollouts: only with --budget (without it, validation is every --validate-every steps)")
     ablations = parse_names(args.ablations, "ablations", ABLATIONS, or_none=True)
     variants = parse_names(args.variants, "variants", VARIANTS, or_none=True)
     for name in ("seeds", "steps", "validate_every", "val_size", "train_size", "calibration_prompts"):
@@ -127,10 +171,23 @@ def _base_overrides(args: argparse.Namespace, regime: Regime, validation: Path) 
     before what defines the regime and the comparison (data, validation), which they cannot change."""
     # A step that runs out of rounds trains on what it has (counted as partial_steps) rather than
     # ending a long benchmark; the same rule for every strategy.
-    defaults = ["allocation.on_round_limit=train_partial", "logging.tensorboard=false"]
-    fixed = [f"data.source={regime.source}", f"data.train_size={args.train_size}", f"data.validation={relative_path(validation)}",
-             f"training.validate_every={args.validate_every}"]  # fmt: skip
+    defaults = ["allocation.on_round_limit=train_partial", "logging.tensorboard=false", *args.shape.overrides()]
+    fixed = [f"data.source={regime.source}", f"data.train_size={regime.train_size or args.train_size}",
+             f"data.validation={relative_path(validation)}", f"training.validate_every={args.validate_every}"]  # fmt: skip
+    if args.budget is not None:
+        fixed += [f"training.rollout_budget={args.budget}", f"training.validate_every_rollouts={args.validate_every_rollouts}"]
     return [*defaults, *args.overrides, *fixed]
+
+
+def check_epochs(args: argparse.Namespace, regime: Regime, cfg: Any) -> None:
+    """A regime with a pool of its own must give GRPO at least MIN_EPOCHS epochs of the budget."""
+    if regime.train_size is None or args.budget is None:
+        return
+    epochs = args.budget / (regime.train_size * cfg.allocation.n)
+    if epochs < MIN_EPOCHS:
+        raise MegatronPCError(f"--budget {args.budget}: {regime.name} gives GRPO {epochs:.1f} epochs over its {regime.train_size} prompts "
+                              f"at n = {cfg.allocation.n}; it needs >= {MIN_EPOCHS} (a budget of at least "
+                              f"{MIN_EPOCHS * regime.train_size * cfg.allocation.n:,})")  # fmt: skip
 
 
 def write_validation_set(regime: Regime, size: int, path: Path) -> None:
@@ -161,6 +218,16 @@ def finished_steps(run_dir: Path) -> int:
         latest = CheckpointManager(run_dir).latest()
         return latest[0] if latest else 0
     return metrics_steps(run_dir)
+
+
+def finished_rollouts(run_dir: Path) -> float:
+    """Rollouts the run generated up to its last checkpointed (or, kept without checkpoints, last
+    logged) step (0 without metrics)."""
+    from megatron_pc.metrics.logger import read_metrics
+
+    path, done = run_dir / "metrics.jsonl", finished_steps(run_dir)
+    rows = read_metrics(path) if path.is_file() else []
+    return max((float(r.get("cum_generated", 0)) for r in rows if 0 < int(r.get("step", 0)) <= done), default=0.0)
 
 
 def metrics_steps(run_dir: Path) -> int:
@@ -199,25 +266,27 @@ def check_same_config(config: str, job: Job, overrides: list[str]) -> None:
 class Progress:
     """One line per run: which run, steps done, seconds."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.start = total, 0, time.perf_counter()
+    def __init__(self, total: int, budget: int | None = None) -> None:
+        self.total, self.done, self.start, self.budget = total, 0, time.perf_counter(), budget
 
     def line(self, job: Job, steps: int, wanted: int, seconds: float, note: str) -> None:
         """Report a run that ended (or was found finished)."""
         self.done += 1
-        print(f"bench rollouts [{self.done}/{self.total}] {job.regime.name} {job.label} ({job.rule.label}) seed {job.seed}: {steps}/{wanted} steps, "
+        spent = f"{steps} steps, {finished_rollouts(job.run_dir):,.0f}/{self.budget:,} rollouts" if self.budget else f"{steps}/{wanted} steps"
+        print(f"bench rollouts [{self.done}/{self.total}] {job.regime.name} {job.label} ({job.rule.label}) seed {job.seed}: {spent}, "
               f"{seconds:,.0f} s ({note}); benchmark elapsed {time.perf_counter() - self.start:,.0f} s", file=sys.stderr, flush=True)  # fmt: skip
 
 
-def run_job(config: str, job: Job, steps: int, progress: Progress) -> dict[str, float] | None:
-    """Train (or resume) one run to ``steps``: its wall seconds in this call and the step it
-    started from (None: it was finished)."""
+def run_job(config: str, job: Job, steps: int, progress: Progress, budget: int | None = None) -> dict[str, float] | None:
+    """Train (or resume) one run to ``steps``, or with ``budget`` until it has generated that many
+    rollouts: its wall seconds in this call and the step it started from (None: it was finished)."""
     before = finished_steps(job.run_dir)
     overrides = [*job.overrides, f"seed={job.seed}"]
-    if before < steps and not (job.run_dir / "checkpoints").is_dir() and metrics_steps(job.run_dir):
+    done = before >= steps or (budget is not None and finished_rollouts(job.run_dir) >= budget)
+    if not done and not (job.run_dir / "checkpoints").is_dir() and metrics_steps(job.run_dir):
         raise MegatronPCError(f"{job.run_dir} holds {metrics_steps(job.run_dir)} steps of metrics but no checkpoints to continue from "
                               f"(--steps {steps}); remove the directory to train it again, or ask for at most that many steps")  # fmt: skip
-    if before >= steps:
+    if done:
         check_same_config(config, job, overrides)
         progress.line(job, before, steps, 0.0, "already finished")
         return None
@@ -258,6 +327,22 @@ def estimate_seconds(summary: dict[str, Any], startup: float, steps: int, seeds:
             validations = 1 + steps // validate_every + (steps % validate_every != 0)  # step 0, every K, the last
             per_run = steps * (figures["step_seconds"] or 0.0) + validations * (figures["validation_seconds"] or 0.0) * val_scale + startup
             total += seeds * per_run
+        out[name] = total
+    out["total"] = sum(out.values())
+    return out
+
+
+def estimate_budget_seconds(summary: dict[str, Any], startup: float, budget: int, every: int, seeds: int, val_scale: float) -> dict[str, float]:
+    """Seconds an equal-budget benchmark would take: per run, the steps its measured rollouts per
+    step need to spend the budget, budget / every + 2 validations (scaled by ``val_scale``), and
+    a start-up."""
+    out: dict[str, float] = {}
+    for name, reg in summary["regimes"].items():
+        total = 0.0
+        for figures in reg["strategies"].values():
+            steps = budget / figures["rollouts_per_step"] if figures["rollouts_per_step"] else 0.0
+            validations = budget // every + 2
+            total += seeds * (steps * (figures["step_seconds"] or 0.0) + validations * (figures["validation_seconds"] or 0.0) * val_scale + startup)
         out[name] = total
     out["total"] = sum(out.values())
     return out
@@ -362,35 +447,40 @@ def _bench(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     # Every run's configuration is built (and refused if bad) before any run starts.
     planned = {r.name: labelled_jobs(args, r, out, strategies, variants) for r in regimes}
-    progress = Progress(sum(len(jobs) for jobs in planned.values()) + len(regimes) * args.seeds * len(ablations))
+    progress = Progress(sum(len(jobs) for jobs in planned.values()) + len(regimes) * args.seeds * len(ablations), args.budget)
     runs: list[Run] = []
-    settings = {k: relative_path(v) if k == "out" else v for k, v in vars(args).items() if k != "rule"}
-    extra: dict[str, Any] = {"bench": settings, "update_rule": args.rule.label,
+    settings = {k: relative_path(v) if k == "out" else v for k, v in vars(args).items() if k not in ("rule", "shape")}
+    shape = {"name": args.shape.name, "n": args.shape.n, "pilot_n": args.shape.pilot_n, "commit_n": args.shape.n - args.shape.pilot_n,
+             "train_batch": args.shape.train_batch, "summary": args.shape.summary}  # fmt: skip
+    extra: dict[str, Any] = {"bench": settings, "update_rule": args.rule.label, "shape": shape,
+                             "validate_every_rollouts": args.validate_every_rollouts,
                              "calibration": {}, "ablations": {}, "simulator": {}, "wall_seconds": {}}  # fmt: skip
     for regime in regimes:
         validation = out / regime.name / "validation.jsonl"
         write_validation_set(regime, args.val_size, validation)
         base = _base_overrides(args, regime, validation)
         cfg = load_config(args.config, base)
+        check_epochs(args, regime, cfg)
         check_start_model(cfg, out / regime.name)
         calibration = calibrate(cfg, validation, args.calibration_prompts, out / regime.name / "success_rates.json")
         extra["calibration"][regime.name] = {k: v for k, v in calibration.items() if k != "rates"}
         sized = ablation_jobs(cfg, regime, ablations, calibration, base, out, args.seeds, args.rule)
         extra["ablations"][regime.name] = sized["settings"]
         for job in planned[regime.name] + sized["jobs"]:
-            wall = run_job(args.config, job, args.steps, progress) or read_wall(job)
+            wall = run_job(args.config, job, args.steps, progress, args.budget) or read_wall(job)
             variant = "none" if job.label == job.strategy else job.label
             runs.append(load_run(job.run_dir, regime=regime.name, strategy=job.label, seed=job.seed, variant=variant))
             if wall is not None:
                 extra["wall_seconds"][str(job.run_dir.relative_to(out))] = {**wall, "startup_seconds": startup_seconds(runs[-1], wall)}
     check_same_start(runs)
     sections = []
-    if not args.no_simulate:
+    # The simulator is step-matched (the older design); an equal-budget benchmark leaves it out until it is refitted.
+    if not args.no_simulate and args.budget is None:
         sections.append(_simulate_all(args, regimes, runs, fractions, extra))
     sections.append(_timing_section(args, runs, fractions, extra))
     if variants or args.equal_runs:
         sections.append(_decomposition_section(args, runs, fractions, out, extra))
-    summary = write_report(runs, out, fractions=fractions, extra=extra, sections=sections)
+    summary = write_report(runs, out, fractions=fractions, budget=args.budget, extra=extra, sections=sections)
     print(f"bench rollouts: {out / 'report.md'}, {out / 'summary.json'}; plots: {', '.join(summary['plots'])}")
     return 0
 
@@ -449,7 +539,16 @@ def _timing_section(args: argparse.Namespace, runs: list[Run], fractions: tuple[
     for name, reg in summary["regimes"].items():
         for label, f in reg["strategies"].items():
             lines.append(f"| {name} | {label} | {f['step_seconds'] or 0:.2f} | {f['validation_seconds'] or 0:.1f} | {f['rollouts_per_step'] or 0:,.0f} |")
+    if args.budget is not None:
+        extra["estimate_seconds"]["budget_benchmark"] = {
+            "budget": args.budget, "validate_every_rollouts": args.validate_every_rollouts, "seeds": 3, "val_size": BUDGET_DEFAULTS["val_size"],
+            **estimate_budget_seconds(summary, startup, args.budget, args.validate_every_rollouts, 3, BUDGET_DEFAULTS["val_size"] / args.val_size)}  # fmt: skip
     est = extra["estimate_seconds"]
+    if args.budget is not None:
+        b = est["budget_benchmark"]
+        lines += ["", f"At these rates these regimes and labels at a budget of {args.budget:,} rollouts, 3 seeds, {b['val_size']:,} validation "
+                      f"prompts every {args.validate_every_rollouts:,} rollouts, would take about {b['total'] / 3600:.1f} h on this machine "
+                      f"({', '.join(f'{k} {v / 3600:.1f} h' for k, v in b.items() if k in summary['regimes'])})."]  # fmt: skip
     lines += ["", f"Start-up per run (Ray, workers, engines; shutdown): {startup_text}. At these rates the full "
               f"benchmark ({full['steps']} steps, {full['seeds']} seeds, validation of {full['val_size']} prompts every "
               f"{full['validate_every']} steps, these regimes) would take about {est['full_benchmark']['total'] / 3600:.1f} h on this "

@@ -8,12 +8,16 @@ from __future__ import annotations
 from megatron_pc.allocation.base import AllocationStrategy
 from megatron_pc.allocation.config import AllocationConfig
 from megatron_pc.allocation.dapo import DAPO
+from megatron_pc.allocation.greso import GRESO
 from megatron_pc.allocation.grpo import GRPO
+from megatron_pc.allocation.mopps import MoPPS
 from megatron_pc.allocation.pilot_commit import PilotCommit
+from megatron_pc.allocation.speed_rl import SpeedRL
 from megatron_pc.allocation.trace import TraceSink
 from megatron_pc.allocation.types import Request, Rollout, RoundPlan, StepResult, TrainGroup
 
-STRATEGIES: dict[str, type[AllocationStrategy]] = {cls.name: cls for cls in (PilotCommit, GRPO, DAPO)}
+STRATEGIES: dict[str, type[AllocationStrategy]] = {cls.name: cls for cls in (PilotCommit, GRPO, DAPO, SpeedRL, GRESO, MoPPS)}
+"""Pilot-Commit, the two baselines of its paper, and the field's other allocators (SPEED-RL, GRESO, MoPPS)."""
 
 
 def strategy_class(name: str) -> type[AllocationStrategy]:

@@ -38,6 +38,11 @@ COUNTERS = (
     "prompts_predicted",
     "prompts_featureless",
     "features_received",
+    # the field's other allocators: GRESO's pre-rollout skips, MoPPS's candidates not chosen
+    "prompts_skipped",
+    "prompts_skipped_easy",
+    "prompts_skipped_hard",
+    "prompts_passed",
 )
 
 

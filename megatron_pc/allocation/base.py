@@ -36,6 +36,20 @@ class AllocationStrategy(ABC):
     drops_uniform_groups: ClassVar[bool] = False
     """Groups whose rewards are all equal are never trained (DAPO's dynamic sampling)."""
 
+    evicts: ClassVar[bool] = False
+    """A pilot may remove its prompt from the pool for good (Pilot-Commit's eviction)."""
+
+    @classmethod
+    def pilot_decision(cls, cfg: AllocationConfig, successes: int, n: int) -> str | None:
+        """What a pilot (screen) of ``successes`` of ``n`` must decide: ``keep``, ``too_easy`` or
+        ``too_hard`` (None: the strategy pilots nothing). The trace checker holds a run to it."""
+        return None
+
+    @classmethod
+    def max_commit_age(cls, cfg: AllocationConfig) -> int | None:
+        """The most steps between a pilot and its commit (None: no limit within an epoch)."""
+        return cfg.max_commit_age
+
     @classmethod
     def rollouts_per_call(cls, cfg: AllocationConfig) -> int:
         """Rollouts per prompt of one generation call (what ``training.mini_batch_unit=call_rollouts``
@@ -179,10 +193,11 @@ class AllocationStrategy(ABC):
             raise RuntimeError(f"{self.name} asked for no features but got {len(features)}")
 
     # ---- shared helpers --------------------------------------------------------------
-    def _draw(self, k: int) -> list[int]:
-        """Draw ``k`` prompts, crossing into the next epoch when this one runs out."""
+    def _draw(self, k: int, exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
+        """Draw ``k`` prompts, none of this step's batch nor of ``exclude``, crossing into the
+        next epoch when this one runs out."""
         # No prompt twice in one batch, also when the batch's rounds cross an epoch boundary.
-        in_batch = {g.prompt for g in self.batch}
+        in_batch = {g.prompt for g in self.batch} | exclude
         if k > self.pool.drawable - len(in_batch):
             raise RoundLimitError(
                 f"step {self.step}: a round needs {k} distinct prompts but only {self.pool.drawable - len(in_batch)} "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable
 
-from megatron_pc.allocation import STRATEGIES
+from megatron_pc.allocation import STRATEGIES, AllocationStrategy
 from megatron_pc.allocation.config import AllocationConfig
 from megatron_pc.allocation.predictor import apart
 
@@ -23,6 +23,7 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
     generated: dict[int, dict[str, int]] = defaultdict(lambda: {"pilot": 0, "commit": 0, "full": 0})
     trained: dict[int, int] = defaultdict(int)
     batch_prompts: dict[int, set[int]] = defaultdict(set)  # step -> prompts of its train groups
+    skips, selection = _Skips(), _Selection()
     for e in events:
         kind, step = e["event"], e.get("step")
         if kind in ("pilot", "full", "direct", "screen") and e["prompt"] in evicted:
@@ -31,7 +32,7 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
             problems += _check_prediction(e, cfg)
         if kind == "pilot":
             generated[step]["pilot"] += e["n"]
-            problems += _check_pilot(e, cfg)
+            problems += _check_pilot(e, cfg, strategy)
             if e["decision"] == "keep":
                 kept_pilot[e["prompt"]] = step
             if e["evict"]:
@@ -42,13 +43,20 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
                 problems.append(f"step {step}: commit of prompt {e['prompt']} reports {e['successes']} successes of {e['n']}")
             if kept_pilot.pop(e["prompt"], None) != e["pilot_step"]:
                 problems.append(f"step {step}: commit of prompt {e['prompt']} has no waiting kept pilot from step {e['pilot_step']}")
-            if not 0 <= step - e["pilot_step"] <= cfg.max_commit_age:
+            max_age = strategy.max_commit_age(cfg)
+            if step - e["pilot_step"] < 0 or max_age is not None and step - e["pilot_step"] > max_age:
                 problems.append(
                     f"step {step}: prompt {e['prompt']} committed {step - e['pilot_step']} steps after its pilot "
                     f"(max_age {cfg.buffer.max_age}, age_rule {cfg.buffer.age_rule})"
                 )
         elif kind == "full":
             generated[step]["full"] += e["n"]
+            selection.check_full(e, problems)
+            problems += skips.observe(e)
+        elif kind == "skip_check":  # GRESO: a prompt judged before any rollout
+            problems += skips.check(e, cfg)
+        elif kind == "select":  # MoPPS: the step's Thompson-sampled choice
+            problems += selection.check(e)
         elif kind == "direct":  # history-aware Pilot-Commit: n rollouts without a pilot
             generated[step]["full"] += e["n"]
             problems += _check_direct(e, cfg)
@@ -79,13 +87,86 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
     return problems
 
 
-def _check_pilot(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
+def _check_pilot(e: dict[str, Any], cfg: AllocationConfig, strategy: type[AllocationStrategy]) -> list[str]:
     p_hat = e["successes"] / e["n"]
-    expected = "too_easy" if p_hat > cfg.p_upper else "too_hard" if p_hat < cfg.p_lower else "keep"
+    expected = strategy.pilot_decision(cfg, e["successes"], e["n"])
     out = []
+    if expected is None:
+        return [f"step {e['step']}: prompt {e['prompt']} was piloted, but {strategy.name} pilots nothing"]
     if e["decision"] != expected:
         out.append(f"step {e['step']}: prompt {e['prompt']} with p_hat {p_hat:.3f} was {e['decision']}, expected {expected}")
+    if not strategy.evicts:
+        return out + ([f"step {e['step']}: prompt {e['prompt']} was evicted, but {strategy.name} evicts nothing"] if e["evict"] else [])
     return out + _check_evict(e, p_hat, cfg)
+
+
+class _Skips:
+    """GRESO's invariants: a prompt is judged by the zero-variance streak its own rollouts in the
+    trace show, at the keep probability its base and streak give, and a skipped prompt gets no
+    rollout in that round."""
+
+    def __init__(self) -> None:
+        self.streaks: dict[int, tuple[str, int]] = {}
+        self.skipped: set[tuple[int, int, int]] = set()  # (step, round, prompt)
+
+    def observe(self, e: dict[str, Any]) -> list[str]:
+        """A rolled-out group: its prompt's streak grows, restarts or ends."""
+        out = []
+        if (e["step"], e["round"], e["prompt"]) in self.skipped:
+            out.append(f"step {e['step']}: prompt {e['prompt']} was skipped and rolled out in the same round")
+        kind = "easy" if e["successes"] == e["n"] else "hard" if e["successes"] == 0 else None
+        if kind is None:
+            self.streaks.pop(e["prompt"], None)
+            return out
+        before_kind, before = self.streaks.get(e["prompt"], (kind, 0))
+        self.streaks[e["prompt"]] = (kind, before + 1 if before_kind == kind else 1)
+        return out
+
+    def check(self, e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
+        """One skip decision against the trace's history of its prompt."""
+        from megatron_pc.allocation.greso import keep_probability
+
+        g, where = cfg.greso, f"step {e['step']}: GRESO's judgement of prompt {e['prompt']}"
+        out = []
+        if (e["kind"], e["streak"]) != self.streaks.get(e["prompt"], ("easy", 0)):
+            out.append(f"{where} rests on a {e['kind']} streak of {e['streak']}, the trace shows {self.streaks.get(e['prompt'], ('none', 0))}")
+        if e["streak"] < 1:
+            out.append(f"{where}: a prompt without a zero-variance streak is never judged")
+        if not (min(g.min_p, g.p_easy, g.p_hard) - 1e-12 <= e["base"] <= max(g.max_p, g.p_easy, g.p_hard) + 1e-12):
+            out.append(f"{where}: base probability {e['base']} outside [{g.min_p}, {g.max_p}]")
+        if abs(e["keep_probability"] - keep_probability(e["base"], e["streak"], g.keep_floor)) > 1e-12:
+            out.append(f"{where}: keep probability {e['keep_probability']} is not max(base^streak, {g.keep_floor})")
+        if e["skipped"]:
+            self.skipped.add((e["step"], e["round"], e["prompt"]))
+        return out
+
+
+class _Selection:
+    """MoPPS's invariants: the chosen prompts are the k candidates whose Thompson samples lie
+    closest to the target, and exactly they are rolled out in that round."""
+
+    def __init__(self) -> None:
+        self.chosen: dict[tuple[int, int], set[int]] = {}
+
+    def check(self, e: dict[str, Any]) -> list[str]:
+        """One step's choice."""
+        from megatron_pc.allocation.mopps import closest_to_target
+
+        samples = {int(p): float(s) for p, s in e["candidates"]}
+        out = []
+        if any(not 0.0 <= s <= 1.0 for s in samples.values()):
+            out.append(f"step {e['step']}: a Thompson sample outside [0, 1]")
+        expected = closest_to_target(samples, e["target"], e["k"])
+        if sorted(expected) != sorted(e["chosen"]):
+            out.append(f"step {e['step']}: MoPPS chose {sorted(e['chosen'])}, the samples closest to {e['target']} are {sorted(expected)}")
+        self.chosen[(e["step"], e["round"])] = set(e["chosen"])
+        return out
+
+    def check_full(self, e: dict[str, Any], problems: list[str]) -> None:
+        """A rolled-out prompt of a round with a choice must be one of the chosen."""
+        chosen = self.chosen.get((e["step"], e["round"]))
+        if chosen is not None and e["prompt"] not in chosen:
+            problems.append(f"step {e['step']}: prompt {e['prompt']} was rolled out but MoPPS did not choose it")
 
 
 def _check_evict(e: dict[str, Any], p_hat: float, cfg: AllocationConfig) -> list[str]:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from megatron_pc.allocation.field_config import GresoConfig, MoppsConfig, SpeedRLConfig
 from megatron_pc.errors import ConfigError
 
 
@@ -185,7 +186,7 @@ class AllocationConfig:
     ``pilot.n_effective + commit_n`` rollouts per prompt, which must equal ``n``.
     """
 
-    strategy: Literal["pilot_commit", "grpo", "dapo"] = "pilot_commit"
+    strategy: Literal["pilot_commit", "grpo", "dapo", "speed_rl", "greso", "mopps"] = "pilot_commit"
     """Allocation strategy, by exact registry name."""
     train_batch: int = 32
     """Prompts (training groups) per optimizer step."""
@@ -209,6 +210,12 @@ class AllocationConfig:
     """Generation rounds allowed to fill one train batch."""
     on_round_limit: Literal["error", "train_partial"] = "error"
     """When max_rounds pass with the batch short: stop with an error, or train on what is there."""
+    speed_rl: SpeedRLConfig = field(default_factory=SpeedRLConfig)
+    """SPEED-RL's settings (strategy speed_rl)."""
+    greso: GresoConfig = field(default_factory=GresoConfig)
+    """GRESO's settings (strategy greso)."""
+    mopps: MoppsConfig = field(default_factory=MoppsConfig)
+    """MoPPS's settings (strategy mopps)."""
     binding: bool = True
     """Generate a round's pilots and commits in one engine call (the paper's binding). False: two
     calls, new prompts first, then commits (to measure what binding saves)."""

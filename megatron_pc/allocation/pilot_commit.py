@@ -37,6 +37,13 @@ class PilotCommit(AllocationStrategy):
     """The Pilot-Commit allocation strategy."""
 
     name = "pilot_commit"
+    evicts = True
+
+    @classmethod
+    def pilot_decision(cls, cfg: AllocationConfig, successes: int, n: int) -> str | None:
+        """The keep band: above p_upper too easy, below p_lower too hard."""
+        p_hat = successes / n
+        return "too_easy" if p_hat > cfg.p_upper else "too_hard" if p_hat < cfg.p_lower else "keep"
 
     @classmethod
     def rollouts_per_call(cls, cfg: AllocationConfig) -> int:

@@ -26,6 +26,9 @@ class Regime:
     """What it is, in a line."""
     z_design: float
     """The zero-variance share it was built for (the benchmark measures the real one)."""
+    train_size: int | None = None
+    """Training prompts of its runs (None: the benchmark's ``--train-size``). A small pool makes
+    a run pass over its prompts several times, so history-based methods have history."""
 
 
 REGIMES: dict[str, Regime] = {
@@ -36,9 +39,11 @@ REGIMES: dict[str, Regime] = {
                "the paper's kind of data: many prompts the model cannot solve yet, some it always solves, a band between", 0.6),  # fmt: skip
         Regime("hard", "builtin:arithmetic_hard", "mostly beyond the start model: long sums and differences, 2-digit products", 0.8),
         Regime("default", "builtin:arithmetic", "the default task of the tiny run (+, - with 1-4 digit operands, * up to 3x1)", 0.4),
+        Regime("multi_epoch", "builtin:arithmetic_paper_like", "paper_like's prompts, a pool of 192: at least 3 epochs at the "
+               "benchmark's budget, so history-based methods (GRESO, MoPPS, pc_history) have history", 0.6, train_size=192),  # fmt: skip
     )
 }
-DEFAULT_REGIMES = ("mixed", "paper_like", "hard")
+DEFAULT_REGIMES = ("mixed", "paper_like", "hard", "multi_epoch")
 """The regimes a benchmark runs unless told otherwise (``default`` is the tiny run's own data)."""
 
 

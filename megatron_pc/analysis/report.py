@@ -19,6 +19,10 @@ Conventions (also in docs/benchmarks.md):
   ``time_validation`` metric when present, else the step's excess over its timed phases).
 * Medians over seeds count a run that never reached a target as infinitely slow, so a median
   exists when more than half of the seeds reached it.
+* Ratios to a reference strategy: the median of the paired per-seed ratios with a bootstrap 90%
+  interval; an interval that contains 1 is a tie (:mod:`megatron_pc.analysis.budget`).
+* With ``--budget R`` (runs of equal rollout budget): targets are fractions of the median over
+  strategies of their gains at R, and the accuracy at R/4, R/2, 3R/4 and R is reported.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from megatron_pc.analysis.budget import STATISTIC, accuracy_at_budgets, budget_targets, paired_ratio, validation_precision
 from megatron_pc.analysis.report_format import markdown
 from megatron_pc.analysis.report_plots import draw_all
 from megatron_pc.analysis.runs import (HISTORY_AWARE, MAIN_STRATEGIES, REFERENCE, Point, Run, check_unique, load_run,
@@ -71,16 +76,10 @@ def spread(values: dict[int, float | None]) -> dict[str, Any]:
 
 
 def ratio(other: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
-    """other / reference of the medians, with who reached at all; and the range of the ratios of
-    the seeds both ran and reached."""
-    a, b = other["median"], reference["median"]
-    if a is not None and b is not None:
-        value, status = (a / b if b > 0 else None), "both"
-    else:
-        value, status = None, {(True, False): "reference_only", (False, True): "other_only"}.get((b is not None, a is not None), "neither")
-    mine, theirs = other["per_seed"], reference["per_seed"]
-    paired = [mine[s] / theirs[s] for s in mine if s in theirs and mine[s] is not None and theirs[s] is not None and theirs[s] > 0]
-    return {"ratio": value, "status": status, "seed_min": min(paired, default=None), "seed_max": max(paired, default=None)}
+    """other / reference: the median of the paired per-seed ratios with its bootstrap 90%
+    interval and verdict (:func:`megatron_pc.analysis.budget.paired_ratio`), and the range of the
+    ratios of the seeds both ran and reached."""
+    return paired_ratio(other["per_seed"], reference["per_seed"])
 
 
 def choose_targets(runs: list[Run], fractions: tuple[float, ...] = TARGET_FRACTIONS) -> dict[str, Any]:
@@ -180,22 +179,29 @@ def _labels(runs: list[Run]) -> list[str]:
     return [n for n in MAIN_STRATEGIES if n in names] + sorted(names - set(MAIN_STRATEGIES))
 
 
-def summarize(runs: list[Run], fractions: tuple[float, ...] = TARGET_FRACTIONS) -> dict[str, Any]:
-    """Every figure of the report, per task (regime)."""
+def summarize(runs: list[Run], fractions: tuple[float, ...] = TARGET_FRACTIONS, budget: float | None = None) -> dict[str, Any]:
+    """Every figure of the report, per task (regime). With ``budget`` (every run generated that
+    many rollouts), targets follow the equal-budget rule and accuracy at fixed spends is added
+    (:mod:`megatron_pc.analysis.budget`); without, the older rule (fractions of the smallest final gain)."""
     regimes: dict[str, Any] = {}
     for regime in sorted({r.regime for r in runs}, key=[r.regime for r in runs].index):
         mine = [r for r in runs if r.regime == regime]
-        chosen = choose_targets(mine, fractions)
+        chosen = budget_targets(mine, budget, fractions) if budget is not None else choose_targets(mine, fractions)
         regimes[regime] = {**chosen, **compare(mine, chosen["target_accuracies"]), "strategies": regime_figures(mine),
                            "runs": [{"strategy": r.strategy, "seed": r.seed, "update_rule": r.update_rule, "variant": r.variant,
                                      "run_dir": relative_path(r.run_dir)} for r in mine]}  # fmt: skip
-    return {"regimes": regimes}
+        if budget is not None:
+            regimes[regime]["at_budget"] = accuracy_at_budgets(mine, budget)
+            regimes[regime]["validation_precision"] = validation_precision(mine, chosen)
+    return {"regimes": regimes, "budget": budget, "statistic": STATISTIC,
+            "target_rule": "start + fractions x median over strategies of their gains at the budget" if budget is not None
+            else "start + fractions x the smallest final gain of the main strategies (older design, steps matched)"}  # fmt: skip
 
 
 # ---- writing ---------------------------------------------------------------------------------
 
 
-def write_report(runs: list[Run], out: Path, *, fractions: tuple[float, ...] = TARGET_FRACTIONS,
+def write_report(runs: list[Run], out: Path, *, fractions: tuple[float, ...] = TARGET_FRACTIONS, budget: float | None = None,
                  extra: dict[str, Any] | None = None, sections: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """report.md, summary.json and the plots in ``out``; returns the summary.
 
@@ -204,7 +210,7 @@ def write_report(runs: list[Run], out: Path, *, fractions: tuple[float, ...] = T
     """
     check_unique(runs)
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(runs, fractions)
+    summary = summarize(runs, fractions, budget)
     summary["plots"] = draw_all(runs, summary, out)
     if extra:
         summary.update(extra)
@@ -224,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="name a run's line by allocation.strategy, or by the directory above the run")  # fmt: skip
     parser.add_argument("--target-fractions", default=",".join(map(str, TARGET_FRACTIONS)),
                         help="targets as shares of the smallest final gain (default 0.25,0.5,0.75)")  # fmt: skip
+    parser.add_argument("--budget", type=float, default=None,
+                        help="the rollout budget every run spent: targets from the strategies' median gain at it, accuracy at 1/4..1 of it")  # fmt: skip
     args = parser.parse_args(argv)
     runs = [load_run(d, label_by=args.label_by) for d in args.run_dirs]
-    summary = write_report(runs, Path(args.out), fractions=parse_fractions(args.target_fractions))
+    summary = write_report(runs, Path(args.out), fractions=parse_fractions(args.target_fractions), budget=args.budget)
     print(f"report: {Path(args.out) / 'report.md'} ({len(runs)} runs, {len(summary['regimes'])} tasks); "
           f"plots: {', '.join(summary['plots'])}")  # fmt: skip
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron_pc.analysis.budget import interval_text
 from megatron_pc.analysis.runs import HISTORY_AWARE, REFERENCE
 
 
@@ -12,11 +13,14 @@ def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
 
 
 def _ratio_cell(r: dict[str, Any]) -> str:
-    """``1.42x [1.1-1.8]``, or who alone reached the target."""
+    """``1.42x [1.10-1.80]`` (the median paired ratio and its 90% interval), ``tie`` when the
+    interval contains 1, or who alone reached the target in most seeds."""
+    tie = " tie" if r.get("verdict") == "tie" else ""
     if r["status"] == "both" and r["ratio"] is not None:
-        seeds = f" [{r['seed_min']:.2f}-{r['seed_max']:.2f}]" if r["seed_min"] is not None and r["seed_max"] != r["seed_min"] else ""
-        return f"**{r['ratio']:.2f}x**{seeds}"
-    return {"reference_only": "only PC reached", "other_only": "PC did not reach", "neither": "neither reached"}.get(r["status"], "-")
+        interval = interval_text(r)
+        return f"**{r['ratio']:.2f}x** {interval}{tie}".rstrip()
+    text = {"reference_only": "only PC reached", "other_only": "PC did not reach", "neither": "neither reached"}.get(r["status"], "-")
+    return f"{text}{tie}"
 
 
 def _reach_cell(s: dict[str, Any], fmt: str) -> str:
@@ -27,25 +31,43 @@ def _reach_cell(s: dict[str, Any], fmt: str) -> str:
 
 
 def verdict(regime: dict[str, Any]) -> str:
-    """One line: where Pilot-Commit wins and where it loses on this task, in rollouts."""
+    """One line: against each strategy, at how many targets Pilot-Commit needs fewer rollouts,
+    more, or ties (the 90% interval of the paired ratio contains 1)."""
     parts = []
     for name in [n for n in regime["strategies"] if n != REFERENCE]:
-        wins = losses = 0
+        counts = {"other_more": 0, "other_less": 0, "tie": 0}
         ratios = []
         for t in regime["targets"]:
             r = t["strategies"].get(name, {}).get("vs_pilot_commit", {}).get("rollouts")
-            if r is None:
+            if r is None or r.get("verdict") is None:
                 continue
-            if r["status"] == "reference_only" or (r["ratio"] is not None and r["ratio"] > 1):
-                wins += 1
-            elif r["status"] == "other_only" or (r["ratio"] is not None and r["ratio"] < 1):
-                losses += 1
+            counts[r["verdict"]] += 1
             if r["ratio"] is not None:
                 ratios.append(r["ratio"])
-        if wins + losses:
+        if sum(counts.values()):
             span = f" ({min(ratios):.2f}x-{max(ratios):.2f}x)" if ratios else ""
-            parts.append(f"vs {name}: PC needs fewer rollouts at {wins}/{len(regime['targets'])} targets, more at {losses}{span}")
+            parts.append(f"vs {name}: PC needs fewer rollouts at {counts['other_more']}/{len(regime['targets'])} targets, "
+                         f"more at {counts['other_less']}, tie at {counts['tie']}{span}")  # fmt: skip
     return "; ".join(parts) or "no comparison (no targets, or Pilot-Commit not among the runs)"
+
+
+def _budget_lines(reg: dict[str, Any], budget: float) -> list[str]:
+    """Accuracy at R/4 .. R (median over seeds [seed band]) and the validation's precision."""
+    rows = reg["at_budget"]
+    shares = [row["share"] for row in next(iter(rows.values()))]
+    head = ["strategy"] + [f"{s:g} R = {s * budget:,.0f}" for s in shares]
+    lines = [f"Validation accuracy at fixed spends (budget R = {budget:,.0f} rollouts; median over seeds [seed band]):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for name, cells in rows.items():
+        shown_cells = [f"{c['median']:.3f} [{c['min']:.3f}-{c['max']:.3f}]" if c["median"] is not None else "short of it" for c in cells]
+        lines.append("| " + " | ".join([name, *shown_cells]) + " |")
+    p = reg["validation_precision"]
+    if p["stderr"] is not None and p["smallest_gap"] is not None:
+        needed = f"about {p['prompts_needed']:,} validation prompts would" if p["prompts_needed"] else "a larger validation set would"
+        state = "holds" if p["ok"] else f"does NOT hold: {needed}"
+        lines += ["", f"Validation precision: standard error of one validation {p['stderr']:.4f}; smallest gap between targets "
+                      f"(start included) {p['smallest_gap']:.4f}; the rule stderr < gap / 3 {state}."]  # fmt: skip
+    return lines
 
 
 def _overview(summary: dict[str, Any]) -> list[str]:
@@ -124,15 +146,21 @@ def _allocation_table(reg: dict[str, Any]) -> list[str]:
 
 def markdown(summary: dict[str, Any], sections: list[str]) -> str:
     """The whole report."""
+    budget = summary.get("budget")
+    design = (f"Every strategy generated the same budget of {budget:,.0f} rollouts; targets: {summary.get('target_rule')}." if budget
+              else f"Runs matched in steps, not in rollouts (the older design); targets: {summary.get('target_rule')}.")  # fmt: skip
     lines = ["# Rollouts to a target accuracy", "",
-             "Medians over seeds with [min-max] and (seeds reached / seeds); ratios are medians of the other strategy over "
-             "Pilot-Commit's, with the per-seed range: above 1, Pilot-Commit needed less. Conventions: docs/benchmarks.md.", ""]  # fmt: skip
+             "Medians over seeds with [min-max] and (seeds reached / seeds). Ratios (other strategy / Pilot-Commit, above 1: "
+             f"Pilot-Commit needed less): {summary.get('statistic', 'median of paired per-seed ratios')}. {design} "
+             "Conventions: docs/benchmarks.md.", ""]  # fmt: skip
     lines += _overview(summary)
     for name, reg in summary["regimes"].items():
         gains = ", ".join(f"{n} {g:+.3f}" for n, g in reg["final_gain"].items())
         lines += ["", f"## {name}", "", f"Start accuracy {reg['start_accuracy']:.3f}; final gains {gains}."]
         if reg["strategies_without_gain"]:
             lines.append(f"No gain (targets set by the others): {', '.join(reg['strategies_without_gain'])}.")
+        if budget and reg.get("at_budget"):
+            lines += [""] + _budget_lines(reg, budget)
         if not reg["targets"]:
             lines += ["", "No strategy improved on the start accuracy: no targets."]
         else:

@@ -2,11 +2,13 @@
 
 * ``accuracy_vs_rollouts.png``: validation accuracy against cumulative generated rollouts, one
   panel per task, a line per strategy (the median over seeds, on a common rollout grid) with
-  the seeds' range as a band, and the targets as dotted lines.
+  the seeds' range as a band, and the targets as dotted lines; with a budget R, up to R, with
+  R/4 .. R marked.
 * ``zero_variance.png``: per task, the zero-variance share of the trained groups (top row) and
   the mean group reward variance (bottom row) against the step, median over seeds.
 * ``ratios.png``: rollouts (left) and training seconds (right) to each target of every strategy
-  over Pilot-Commit's, per task: a bar above 1 is a task where Pilot-Commit needed less.
+  over Pilot-Commit's (the median paired ratio, its 90% interval as a whisker), per task: a bar
+  above 1 is a task where Pilot-Commit needed less.
 
 :func:`draw_all` returns each file's panel titles; summary.json records them so a test (or a
 reader) can check a plot holds what it should.
@@ -18,12 +20,15 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from megatron_pc.analysis.budget import BUDGET_SHARES
 from megatron_pc.analysis.runs import MAIN_STRATEGIES, REFERENCE, Run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 _COLORS = {"pilot_commit": "tab:green", "grpo": "tab:blue", "dapo": "tab:orange", "grpo_matched": "tab:purple", "pc_sized": "tab:olive"}
+FIELD_ALLOCATORS = ("speed_rl", "greso", "mopps")
+"""The field's allocators: compared strategies, drawn solid like the main ones."""
 _CAP = 4.0
 """A ratio bar is drawn this high when only Pilot-Commit reached the target (1 / _CAP when
 only the other strategy did)."""
@@ -46,7 +51,7 @@ def _color(name: str, i: int) -> str:
 
 def _style(name: str) -> str:
     """Solid lines for the compared strategies, dashed for ablations and other labels."""
-    return "-" if name in MAIN_STRATEGIES else "--"
+    return "-" if name in (*MAIN_STRATEGIES, *FIELD_ALLOCATORS) else "--"
 
 
 def _legend(name: str, mine: list[Run]) -> str:
@@ -61,11 +66,12 @@ def _by_strategy(runs: list[Run]) -> dict[str, list[Run]]:
     return out
 
 
-def _accuracy_panel(ax: "Axes", runs: list[Run], targets: list[float]) -> None:
+def _accuracy_panel(ax: "Axes", runs: list[Run], targets: list[float], budget: float | None = None) -> None:
     import numpy as np
 
     for i, (name, mine) in enumerate(_by_strategy(runs).items()):
         span = min(r.points[-1].rollouts for r in mine)
+        span = min(span, budget) if budget else span  # an equal-budget benchmark compares up to the budget
         grid = np.linspace(0.0, span, 60) if span > 0 else np.zeros(1)
         curves = np.array([np.interp(grid, [p.rollouts for p in r.points], [p.accuracy for p in r.points]) for r in mine])
         color = _color(name, i)
@@ -74,6 +80,8 @@ def _accuracy_panel(ax: "Axes", runs: list[Run], targets: list[float]) -> None:
             ax.fill_between(grid, curves.min(axis=0), curves.max(axis=0), color=color, alpha=0.2, linewidth=0)
     for t in targets:
         ax.axhline(t, color="grey", linestyle=":", linewidth=0.8)
+    for share in BUDGET_SHARES if budget else ():
+        ax.axvline(share * budget, color="grey", linestyle="--", linewidth=0.6)
     ax.set_xlabel("generated rollouts")
     ax.set_ylabel("validation accuracy")
     ax.legend(fontsize=7)
@@ -102,7 +110,7 @@ def _ratio_panel(ax: "Axes", summary: dict[str, Any], axis: str) -> None:
     width = 0.8 / max(len(others) * len(fractions), 1)
     for k, name in enumerate(others):
         for j, frac in enumerate(fractions):
-            xs, heights, hatches = [], [], []
+            xs, heights, hatches, whiskers = [], [], [], []
             for x, reg in enumerate(summary["regimes"].values()):
                 if frac not in reg["fractions"]:
                     continue
@@ -116,10 +124,15 @@ def _ratio_panel(ax: "Axes", summary: dict[str, Any], axis: str) -> None:
                 xs.append(x - 0.4 + width * (k * len(fractions) + j + 0.5))
                 heights.append(height - 1.0)
                 hatches.append(hatch)
+                if r["ratio"] is not None and r.get("ci_low") is not None:  # the 90% interval of the paired ratio
+                    high = _CAP * 1.2 if r.get("ci_high_unbounded") else r["ci_high"]
+                    whiskers.append((xs[-1], r["ratio"], r["ci_low"], high))
             bars = ax.bar(xs, heights, width, bottom=1.0, color=_color(name, k + 1), alpha=0.4 + 0.6 * (j + 1) / len(fractions),
                           label=f"{name}/PC at {100 * frac:.0f}% of the gain")  # fmt: skip
             for bar, hatch in zip(bars, hatches):
                 bar.set_hatch(hatch)
+            for x, mid, low, high in whiskers:
+                ax.errorbar([x], [mid], yerr=[[mid - low], [high - mid]], color="black", linewidth=0.7, capsize=2)
     ax.set_yscale("log", base=2)
     ax.set_ylim(1.0 / (_CAP * 1.2), _CAP * 1.2)
     ticks = [0.25, 0.5, 1.0, 2.0, 4.0]
@@ -145,7 +158,7 @@ def draw_all(runs: list[Run], summary: dict[str, Any], out: Path) -> dict[str, l
     titles["accuracy_vs_rollouts.png"] = []
     for ax, name in zip(axes[0], regimes):
         reg = summary["regimes"][name]
-        _accuracy_panel(ax, [r for r in runs if r.regime == name], reg["target_accuracies"])
+        _accuracy_panel(ax, [r for r in runs if r.regime == name], reg["target_accuracies"], summary.get("budget"))
         title = f"{name}: validation accuracy vs rollouts"
         ax.set_title(title, fontsize=9)
         titles["accuracy_vs_rollouts.png"].append(title)

@@ -22,7 +22,7 @@ from megatron_pc.models.config import ModelConfig
 logger = logging.getLogger(__name__)
 
 # Fields that may change between a run and its resumption; anything else must match.
-RESUMABLE_CHANGES = ("training.steps", "training.validate_every", "training.save_every", "logging.", "cluster.ray_address", "run_dir")
+RESUMABLE_CHANGES = ("training.steps", "training.rollout_budget", "training.validate_every", "training.validate_every_rollouts", "training.save_every", "logging.", "cluster.ray_address", "run_dir")
 
 
 TINY_MODEL_SEED = 0

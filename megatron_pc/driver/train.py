@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = cfg.resolved_run_dir
     record_config(cfg, run_dir)
     console.setup(run_dir / "train.log", verbose=args.verbose)
-    console.to_console(logger, "megatron-pc train %s: %s, %d steps, run directory %s (log: train.log%s)", cfg.name,
-                       cfg.allocation.strategy, cfg.training.steps, run_dir, "" if args.verbose else "; --verbose shows it here")
+    budget = f" or {cfg.training.rollout_budget:,} rollouts, whichever comes first" if cfg.training.rollout_budget else ""
+    console.to_console(logger, "megatron-pc train %s: %s, %d steps%s, run directory %s (log: train.log%s)", cfg.name,
+                       cfg.allocation.strategy, cfg.training.steps, budget, run_dir, "" if args.verbose else "; --verbose shows it here")
     data = prepare(cfg)
     trainer = Trainer(cfg, data)
     last = trainer.run()

@@ -109,7 +109,8 @@ class Trainer:
         self.preempted = True
 
     def run(self) -> dict[str, float]:
-        """Train to ``training.steps`` (or until preempted); returns the last step's metrics."""
+        """Train to ``training.steps``, or until ``training.rollout_budget`` rollouts are generated
+        (or until preempted); returns the last step's metrics."""
         cfg = self.cfg
         workers = self.make_workers(cfg, str(self.data.model_path), self.run_dir, self.transport)
         on_preemption(self.on_signal)  # after ray.init, which installs its own SIGTERM handler
@@ -129,12 +130,14 @@ class Trainer:
                 try:
                     if self.resume_step == 0:
                         metrics.log(0, evaluator.run(step=0))
-                    for step in range(self.resume_step + 1, cfg.training.steps + 1):
+                    spent = cfg.training.budget_spent(self.strategy.acct.total["generated"])  # a resumed run that had spent it
+                    for step in range(self.resume_step + 1, (cfg.training.steps if not spent else self.resume_step) + 1):
                         last = self._step(step, workers, rewards, evaluator)
                         metrics.log(step, last)
-                        if self.preempted or step % cfg.training.save_every == 0 or step == cfg.training.steps:
+                        spent = cfg.training.budget_spent(last.get("cum_generated", 0))
+                        if self.preempted or spent or step % cfg.training.save_every == 0 or step == cfg.training.steps:
                             self._save(step, workers.policy)
-                        if self.preempted:
+                        if self.preempted or spent:
                             break
                 finally:
                     metrics.close()
@@ -155,7 +158,8 @@ class Trainer:
             if gen is None:  # not pipelined, or its first step (or a resume without a prefetched step)
                 gen = self._generate_step(step, rewards, timer, lag=0)
             ahead: Future[Generated] | None = None
-            if pipelined and step < cfg.training.steps:
+            cum, generated = gen.result.metrics.get("cum_generated", 0), gen.result.metrics.get("generated", 0)
+            if pipelined and step < cfg.training.steps and not cfg.training.budget_spent(cum):
                 # Step + 1's rounds on the engines, which keep the weights of step - 1 until the push.
                 nxt = Timer(on_enter=lambda phase: self.faults.enter(phase, step + 1))
                 ahead = self._ahead.submit(self._generate_step, step + 1, rewards, nxt, 1)
@@ -174,7 +178,7 @@ class Trainer:
             self.versions.engines = step  # the engines hold the weights of the end of this step (an empty batch changed none)
             gap = self.sync_check.check(gen.result, workers.policy, self._engines, timer)
             val = {}
-            if step % cfg.training.validate_every == 0 or step == cfg.training.steps:
+            if cfg.training.validation_due(step, cum, generated):
                 with timer("validation"):
                     val = evaluator.run(step)
         self.tokens_total += gen.tokens

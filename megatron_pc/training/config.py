@@ -91,6 +91,14 @@ class TrainingConfig:
     """Truncated importance weight against the generating engine's log-probs; None: off."""
     validate_every: int = 20
     """Validation every K steps (and at the start and the end)."""
+    validate_every_rollouts: int | None = None
+    """Validation on a rollout schedule instead: at the end of each step whose generated rollouts
+    (cumulative, every kind counted) cross a multiple of K, and at the start and the end. None:
+    every ``validate_every`` steps. Strategies that spend rollouts at different rates are then
+    measured at the same spends (``megatron-pc bench rollouts --budget``)."""
+    rollout_budget: int | None = None
+    """Stop after the step whose cumulative generated rollouts reach this many (``steps`` stays
+    the most steps run). None: run ``steps`` steps."""
     save_every: int = 10
     """Checkpoint every K steps (and on SIGTERM/SIGUSR1)."""
     keep_checkpoints: int = 2
@@ -114,6 +122,9 @@ class TrainingConfig:
         for name in ("steps", "mini_batch", "micro_batch_tokens", "validate_every", "save_every", "keep_checkpoints", "val_samples"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("validate_every_rollouts", "rollout_budget"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1 (or null), got {getattr(self, name)}")
         if self.lr <= 0:
             raise ConfigError("lr", f"must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
@@ -131,6 +142,20 @@ class TrainingConfig:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ConfigError("tis_cap", f"must be > 0 (or null to disable), got {self.tis_cap}")
+
+    def budget_spent(self, cum_generated: float) -> bool:
+        """True once ``cum_generated`` rollouts reach ``rollout_budget`` (never without one)."""
+        return self.rollout_budget is not None and cum_generated >= self.rollout_budget
+
+    def validation_due(self, step: int, cum_generated: float, generated: float) -> bool:
+        """Whether step ``step``, which brought the cumulative rollouts to ``cum_generated`` with
+        ``generated`` of its own, ends with a validation (the last step always does)."""
+        if step == self.steps or self.budget_spent(cum_generated):
+            return True
+        if self.validate_every_rollouts is None:
+            return step % self.validate_every == 0
+        k = self.validate_every_rollouts
+        return int(cum_generated // k) > int((cum_generated - generated) // k)
 
     def memory_settings(self, colocated: bool, tensor_parallel: int, on_gpu: bool) -> MemorySettings:
         """The memory settings with every None resolved for this placement and device."""

@@ -178,11 +178,22 @@ def test_grpo_trains_on_exactly_train_batch_times_n_rollouts_per_step(train_batc
         assert r.metrics["rounds"] == 1
 
 
+ALL_STRATEGIES = ["pilot_commit", "grpo", "dapo", "speed_rl", "greso", "mopps"]
+
+
+def fit_field_allocator(cfg: AllocationConfig) -> None:
+    """Settings of the field's allocators that fit a drawn Pilot-Commit setup: SPEED-RL screens
+    with Pilot-Commit's pilot size where the group leaves room, GRESO rolls out a train batch a round."""
+    cfg.speed_rl.n_init = max(1, min(cfg.pilot.n, cfg.n - 1))
+    cfg.greso.batch = cfg.train_batch
+
+
 @SETTINGS
-@given(pilot_commit_setups(), st.integers(1, 6), st.sampled_from(["pilot_commit", "grpo", "dapo"]))
+@given(pilot_commit_setups(), st.integers(1, 6), st.sampled_from(ALL_STRATEGIES))
 def test_save_and_restore_mid_run_gives_identical_future_traces(setup, more_steps: int, strategy_name: str) -> None:
     cfg, pool, seed, steps = setup
     cfg.strategy = strategy_name
+    fit_field_allocator(cfg)
     policy = BernoulliPolicy(spread_rates(pool, seed), seed)
     trace_a = ListTrace()
     a = build_strategy(cfg, pool, seed, trace=trace_a)
@@ -207,10 +218,11 @@ def small_pool_setups(draw: st.DrawFn) -> tuple[AllocationConfig, int, int, int]
     """Any strategy on a pool of only 1-3 train batches, run for many epochs: every step is
     likely to cross an epoch boundary somewhere."""
     cfg, _, seed, _ = draw(pilot_commit_setups())
-    cfg.strategy = draw(st.sampled_from(["pilot_commit", "grpo", "dapo"]))
+    cfg.strategy = draw(st.sampled_from(ALL_STRATEGIES))
+    fit_field_allocator(cfg)
     cfg.max_rounds = 30
     pool = draw(st.integers(cfg.train_batch, 3 * cfg.train_batch + 2))
-    if cfg.strategy == "pilot_commit":
+    if cfg.strategy in ("pilot_commit", "speed_rl"):
         pool = max(pool, cfg.pilot.batch)
     return cfg, pool, seed, draw(st.integers(10, 40))
 
@@ -234,6 +246,7 @@ def test_no_train_batch_holds_a_prompt_twice_across_epoch_boundaries(setup) -> N
         prompts = [g.prompt for g in r.groups]
         assert len(prompts) == len(set(prompts)), f"step {r.step} trains {sorted(p for p in prompts if prompts.count(p) > 1)} twice"
     assert not [p for p in check_trace(events, cfg) if "twice" in p]
+    assert check_trace(events, cfg) == []
 
 
 def test_round_limit_error_says_the_data_are_too_hard_for_the_band() -> None:

@@ -188,7 +188,7 @@ def test_report_refuses_two_runs_it_cannot_tell_apart(tmp_path: Path, capsys: py
 
 
 def test_unknown_regime_is_refused_before_any_run(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(MegatronPCError, match="--regimes: unknown regime 'easy'; known: mixed, paper_like, hard, default"):
+    with pytest.raises(MegatronPCError, match="--regimes: unknown regime 'easy'; known: mixed, paper_like, hard, default, multi_epoch"):
         parse_regimes("mixed,easy")
     assert main(["bench", "rollouts", "--regimes", "medium", "--out", "/nonexistent/x"]) == 2
     assert "unknown regime 'medium'" in capsys.readouterr().err
@@ -198,9 +198,11 @@ def test_unknown_regime_is_refused_before_any_run(capsys: pytest.CaptureFixture[
 
 
 def test_every_regime_is_a_registered_builtin_source() -> None:
-    assert list(REGIMES) == ["mixed", "paper_like", "hard", "default"]
+    assert list(REGIMES) == ["mixed", "paper_like", "hard", "default", "multi_epoch"]
     for regime in REGIMES.values():
         assert regime.source.removeprefix("builtin:") in BUILTIN_SOURCES
+    # The multi-epoch regime is paper_like's content on a small pool of its own.
+    assert REGIMES["multi_epoch"].source == REGIMES["paper_like"].source and REGIMES["multi_epoch"].train_size == 192
 
 
 def test_a_mix_gives_each_cell_its_exact_share_of_distinct_correct_prompts() -> None:

@@ -16,13 +16,15 @@ def _cfg(strategy: str, *overrides: str):
 def test_rollouts_per_call_are_a_commits_for_pilot_commit_and_the_group_for_the_others() -> None:
     pc = _cfg("pilot_commit").allocation
     assert STRATEGIES["pilot_commit"].rollouts_per_call(pc) == pc.commit_rollouts < pc.n
-    for name in ("grpo", "dapo"):
+    for name in ("grpo", "dapo", "greso", "mopps"):
         assert STRATEGIES[name].rollouts_per_call(_cfg(name).allocation) == 8
+    assert STRATEGIES["speed_rl"].rollouts_per_call(_cfg("speed_rl").allocation) == 8 - 4
 
 
-def test_only_dapo_drops_uniform_groups_and_only_grpo_trains_the_full_batch() -> None:
-    assert [n for n, s in STRATEGIES.items() if s.drops_uniform_groups] == ["dapo"]
-    assert [n for n, s in STRATEGIES.items() if s.trains_full_batch] == ["grpo"]
+def test_dapo_and_greso_drop_uniform_groups_and_grpo_and_mopps_train_the_full_batch() -> None:
+    assert [n for n, s in STRATEGIES.items() if s.drops_uniform_groups] == ["dapo", "greso"]
+    assert [n for n, s in STRATEGIES.items() if s.trains_full_batch] == ["grpo", "mopps"]
+    assert [n for n, s in STRATEGIES.items() if s.evicts] == ["pilot_commit"]
 
 
 def test_a_pool_smaller_than_one_dapo_round_is_refused_by_dapo_itself() -> None:

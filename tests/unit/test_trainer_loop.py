@@ -50,7 +50,7 @@ def _cfg(tmp_path: Path, strategy: str, *overrides: str):
     ])  # fmt: skip
 
 
-@pytest.mark.parametrize("strategy", ["pilot_commit", "grpo", "dapo"])
+@pytest.mark.parametrize("strategy", ["pilot_commit", "grpo", "dapo", "speed_rl", "greso", "mopps"])
 def test_the_loop_trains_validates_checkpoints_and_accounts_without_ray(tmp_path: Path, strategy: str) -> None:
     cfg = _cfg(tmp_path, strategy)
     made: list[StandInWorkers] = []
@@ -70,6 +70,24 @@ def test_the_loop_trains_validates_checkpoints_and_accounts_without_ray(tmp_path
     assert check_trace(read_trace(cfg.resolved_run_dir / "trace.jsonl"), cfg.allocation) == []
     assert sorted(p.name for p in (cfg.resolved_run_dir / "checkpoints").iterdir() if p.is_dir())[-1].endswith("4")
     assert made[0].closed
+
+
+@pytest.mark.parametrize("strategy", ["pilot_commit", "grpo"])
+def test_a_rollout_budget_stops_the_run_and_validation_follows_the_rollout_schedule(tmp_path: Path, strategy: str) -> None:
+    # A budget of 200 rollouts, validation every 64: GRPO spends 32 a step, Pilot-Commit more.
+    cfg = _cfg(tmp_path, strategy, "training.steps=50", "training.rollout_budget=200", "training.validate_every_rollouts=64")
+    Trainer(cfg, _data(tmp_path), partial(StandInWorkers)).run()
+    rows = read_metrics(cfg.resolved_run_dir / "metrics.jsonl")
+    steps = [r for r in rows if r["step"] > 0]
+    assert steps[-1]["cum_generated"] >= 200 > steps[-1]["cum_generated"] - steps[-1]["generated"]  # stopped at the step that spent it
+    validated = [r["step"] for r in rows if "val_accuracy" in r]
+    crossing = [r["step"] for r in steps if r["cum_generated"] // 64 > (r["cum_generated"] - r["generated"]) // 64]
+    assert validated == sorted({0, *crossing, steps[-1]["step"]})
+    checkpoints = sorted(p.name for p in (cfg.resolved_run_dir / "checkpoints").iterdir() if p.is_dir())
+    assert checkpoints[-1].endswith(str(steps[-1]["step"]))
+    # Run again: the budget is spent, nothing more is trained.
+    Trainer(cfg, _data(tmp_path), partial(StandInWorkers)).run()
+    assert read_metrics(cfg.resolved_run_dir / "metrics.jsonl") == rows
 
 
 def test_a_resumed_loop_continues_from_the_checkpoint(tmp_path: Path) -> None:
