@@ -53,7 +53,7 @@ from megatron_pc.driver.faults import ENV, Fault
 from megatron_pc.errors import MegatronPCError
 from megatron_pc.metrics.phases import FAULT_PHASES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the repository (benchmarks/ is top level)
 
 SMALL = [
     "allocation.train_batch=8", "allocation.pilot.batch=24", "allocation.dapo_batch=8", "training.mini_batch=8",
