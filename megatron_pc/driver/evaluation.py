@@ -1,30 +1,28 @@
-"""Rewarding samples, and validation accuracy (sampled and greedy) on each held-out set."""
+"""Validation on each held-out set: accuracy (sampled and greedy), mean@n, pass@k, maj@k, and
+every answer written to ``validation/step_<N>_<set>.jsonl`` in the run directory."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from megatron_pc.driver.prepare import ValidationData
+from megatron_pc.driver.scoring import Grading, decode_and_score, grading_of
 from megatron_pc.console import CONSOLE
 from megatron_pc.config import Config
 from megatron_pc.data.loading import DEFAULT_VALIDATION_NAME
-from megatron_pc.reward.pool import RewardPool
-from megatron_pc.rollout.base import GenerationRequest, GenerationResult, SamplingSettings, derive_seed
+from megatron_pc.data.records import PromptRecord
+from megatron_pc.metrics.at_k import at_k_metrics
+from megatron_pc.reward.extract import extract_answer
+from megatron_pc.reward.pool import RewardPool, RewardResult
+from megatron_pc.rollout.base import GenerationRequest, SamplingSettings, derive_seed
 
 logger = logging.getLogger(__name__)
-
-
-def decode_and_score(tokenizer: Any, result: GenerationResult, answers: list[str], rewards: RewardPool) -> list[tuple[float, bool]]:
-    """(reward, correct) of every sample, in request order then sample order."""
-    samples = [s for per_request in result.samples for s in per_request]
-    if len(samples) != len(answers):
-        raise ValueError(f"{len(samples)} samples but {len(answers)} answers")
-    texts = tokenizer.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
-    graded = rewards.score(texts, answers, [len(s.token_ids) for s in samples])
-    return [(g.reward, g.correct) for g in graded]
 
 
 @dataclass(frozen=True)
@@ -33,9 +31,14 @@ class SetPlan:
 
     name: str
     tokens: list[list[int]]
-    answers: list[str]
+    records: list[PromptRecord]
     n: int
     sampling: SamplingSettings
+
+    @property
+    def gradings(self) -> list[Grading]:
+        """What each prompt is graded against."""
+        return [grading_of(r) for r in self.records]
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class SetScore:
     greedy_accuracy: float
     reward_mean: float
     """Mean reward of the sampled responses."""
+    at_k: dict[str, float]
+    """mean@n, pass@k, maj@k of the sampled responses (metrics/at_k.py)."""
 
 
 def prompt_stderr(per_prompt: list[float]) -> float:
@@ -84,12 +89,20 @@ def plan_sets(cfg: Config, data: Any) -> list[SetPlan]:
             top_p=_or(top_p, base.top_p),
             seed=derive_seed(cfg.seed, "validation", vs.name) if listed else derive_seed(cfg.seed, "validation"),
         )
-        plans.append(SetPlan(vs.name, vs.tokens, [r.answer for r in vs.records], _or(n, cfg.training.val_samples), sampling))
+        plans.append(SetPlan(vs.name, vs.tokens, vs.records, _or(n, cfg.training.val_samples), sampling))
     return plans
 
 
 def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One validation response with its reward."""
+
+    text: str
+    result: RewardResult
 
 
 class Evaluator:
@@ -101,37 +114,51 @@ class Evaluator:
     ``val_reward_mean``: the unweighted mean over the sets (the set's own values for one set);
     the stderr combines the sets' as independent: sqrt(sum se_i^2) / sets. When
     ``data.validation`` is a list, also ``val/<name>/accuracy``, ``.../accuracy_stderr``,
-    ``.../greedy_accuracy``, ``.../reward_mean`` per set.
+    ``.../greedy_accuracy``, ``.../reward_mean`` per set. For every set, by its name
+    (``validation`` for a set split off the training source): ``val/<name>/mean@n``,
+    ``pass@k``, ``maj@k`` (docs/metrics.md).
+
+    With ``answers_dir``, every answer goes to ``<answers_dir>/step_<N>_<set>.jsonl``; the
+    rows of the last run are kept in :attr:`last_rows` by set (for W&B tables).
     """
 
-    def __init__(self, cfg: Config, data: Any, engines: Any, rewards: RewardPool) -> None:
+    def __init__(self, cfg: Config, data: Any, engines: Any, rewards: RewardPool, answers_dir: Path | None = None) -> None:
         self.cfg, self.data, self.engines, self.rewards = cfg, data, engines, rewards
         self.plans = plan_sets(cfg, data)
         self.per_set = isinstance(cfg.data.validation, list)
+        self.answers_dir = answers_dir
+        self.last_rows: dict[str, list[dict[str, Any]]] = {}
 
-    def _generate(self, plan: SetPlan, n: int, sampling: SamplingSettings) -> list[list[tuple[float, bool]]]:
-        """(reward, correct) of each sample, grouped by prompt."""
+    def _generate(self, plan: SetPlan, n: int, sampling: SamplingSettings) -> list[list[Answer]]:
+        """Each sample's text and reward, grouped by prompt (decoded once)."""
         out = self.engines.generate([GenerationRequest(tuple(t), n) for t in plan.tokens], sampling)
-        answers = [a for a in plan.answers for _ in range(n)]
-        scored = decode_and_score(self.data.tokenizer, out, answers, self.rewards)
-        return [scored[i : i + n] for i in range(0, len(scored), n)]
+        gradings = [g for g in plan.gradings for _ in range(n)]
+        texts, results = decode_and_score(self.data.tokenizer, out, gradings, self.rewards)
+        answers = [Answer(t, r) for t, r in zip(texts, results)]
+        return [answers[i : i + n] for i in range(0, len(answers), n)]
 
-    def score(self, plan: SetPlan) -> SetScore:
-        """Sampled and greedy figures of one set under the current policy."""
+    def score(self, plan: SetPlan, step: int = 0) -> SetScore:
+        """Sampled and greedy figures of one set under the current policy (its answers written
+        when there is an ``answers_dir``)."""
         sampled = self._generate(plan, plan.n, plan.sampling)
         greedy = self._generate(plan, 1, replace(plan.sampling, temperature=0.0, seed=None))
-        per_prompt = [sum(c for _, c in group) / len(group) for group in sampled]
-        flat = [sample for group in sampled for sample in group]
+        per_prompt = [sum(a.result.correct for a in group) / len(group) for group in sampled]
+        flat = [a.result for group in sampled for a in group]
+        self.last_rows[plan.name] = rows = answer_rows(step, plan, sampled, greedy)
+        if self.answers_dir is not None:
+            write_jsonl_atomic(self.answers_dir / f"step_{step}_{plan.name}.jsonl", rows)
         return SetScore(
-            accuracy=sum(c for _, c in flat) / len(flat),
+            accuracy=sum(r.correct for r in flat) / len(flat),
             accuracy_stderr=prompt_stderr(per_prompt),
-            greedy_accuracy=sum(c for group in greedy for _, c in group) / len(greedy),
-            reward_mean=sum(r for r, _ in flat) / len(flat),
+            greedy_accuracy=sum(a.result.correct for group in greedy for a in group) / len(greedy),
+            reward_mean=sum(r.reward for r in flat) / len(flat),
+            at_k=at_k_metrics([[a.result.reward for a in g] for g in sampled], [[a.result.correct for a in g] for g in sampled],
+                              [[extract_answer(a.text) for a in g] for g in sampled]),  # fmt: skip
         )
 
     def run(self, step: int) -> dict[str, float]:
         """Validation metrics of the current policy."""
-        scores = {plan.name: self.score(plan) for plan in self.plans}
+        scores = {plan.name: self.score(plan, step) for plan in self.plans}
         metrics = summarize(scores, per_set=self.per_set)
         detail = "".join(f"; {name}: {s.accuracy:.3f} (greedy {s.greedy_accuracy:.3f})" for name, s in scores.items()) if self.per_set else ""
         logger.info(
@@ -142,15 +169,38 @@ class Evaluator:
         return metrics
 
 
+def answer_rows(step: int, plan: SetPlan, sampled: list[list[Answer]], greedy: list[list[Answer]]) -> list[dict[str, Any]]:
+    """One row per answer: the prompt (as in the data), its id, the sample's index (``greedy``
+    for the greedy one), the response, its reward, success, extracted answer, the reference."""
+    rows = []
+    for record, samples, best in zip(plan.records, sampled, greedy):
+        prompt = record.to_row()["prompt"]
+        for index, a in [*enumerate(samples), *(("greedy", b) for b in best)]:
+            rows.append({"step": step, "set": plan.name, "prompt_id": record.id, "sample": index, "prompt": prompt,
+                         "response": a.text, "reward": a.result.reward, "correct": a.result.correct,
+                         "extracted": extract_answer(a.text), "answer": record.answer})  # fmt: skip
+    return rows
+
+
+def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write ``rows`` as JSON lines through a temporary file, so a crash never leaves half a file
+    (a resumed run that validates the same step again replaces it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
 def summarize(scores: dict[str, SetScore], per_set: bool) -> dict[str, float]:
     """The metrics of :class:`Evaluator` from each set's score (in set order)."""
     metrics: dict[str, float] = {}
-    if per_set:
-        for name, s in scores.items():
+    for name, s in scores.items():
+        if per_set:
             metrics |= {
                 f"val/{name}/accuracy": s.accuracy, f"val/{name}/accuracy_stderr": s.accuracy_stderr,
                 f"val/{name}/greedy_accuracy": s.greedy_accuracy, f"val/{name}/reward_mean": s.reward_mean,
             }
+        metrics |= {f"val/{name}/{key}": value for key, value in s.at_k.items()}
     k = len(scores)
     values = list(scores.values())
     metrics["val_accuracy"] = sum(s.accuracy for s in values) / k

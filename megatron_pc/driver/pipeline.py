@@ -34,18 +34,21 @@ class Generated:
     """Steps between the weights that generated it and the policy it trains: 0, or 1 pipelined."""
     calls: int
     """Engine calls made (one per round with binding, two for a round of new prompts and commits without)."""
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    """The step's rows for samples.jsonl (``logging.samples``), written when the step is logged."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (rollout payloads included), for a pipelined checkpoint."""
         r = self.result
         return {"step": r.step, "groups": [g.to_json() for g in r.groups], "metrics": r.metrics, "partial": r.partial,
-                "tokens": self.tokens, "responses": self.responses, "seconds": self.seconds, "lag": self.lag, "calls": self.calls}  # fmt: skip
+                "tokens": self.tokens, "responses": self.responses, "seconds": self.seconds, "lag": self.lag, "calls": self.calls,
+                "samples": self.samples}  # fmt: skip
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "Generated":
         """Inverse of :meth:`to_json`."""
         result = StepResult(obj["step"], [TrainGroup.from_json(g) for g in obj["groups"]], obj["metrics"], obj["partial"])
-        return cls(result, obj["tokens"], obj["responses"], obj["seconds"], obj["lag"], obj["calls"])
+        return cls(result, obj["tokens"], obj["responses"], obj["seconds"], obj["lag"], obj["calls"], obj.get("samples", []))
 
 
 @dataclass

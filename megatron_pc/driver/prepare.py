@@ -85,6 +85,8 @@ def prepare(cfg: Config) -> RunData:
     from megatron_pc.errors import ConversionError
     from megatron_pc.models.hf_check import check_hf_weights
 
+    # Your reward function imports now: a typo in reward.function is named before any model loads.
+    cfg.reward.check_functions()
     # The prompts first: a bad data file is named in seconds, before a missing model is made.
     train, sets = load_prompt_sets(cfg.data, cfg.seed)
     model_path = ensure_model(cfg)

@@ -2,7 +2,8 @@
 calls, and the rewarded rollouts handed back to the strategy.
 
 The plan names prompts by pool index; :func:`resolve_round` looks each one up once and the
-round carries the result (token ids for the engines, the answer for the reward) to the end.
+round carries the result (token ids for the engines, the answer, data source and extra info for
+the reward) to the end.
 Each sample becomes a :class:`Rollout` whose opaque ``data`` is a :class:`RolloutPayload`
 (response tokens, the engine's log-probs, the finish reason, as numpy arrays, and its request's
 prompt token ids), so the update and the sync check take the prompt from the rollout.
@@ -20,6 +21,9 @@ import numpy as np
 from megatron_pc.allocation import Rollout, RoundPlan
 from megatron_pc.allocation.types import RequestKind
 from megatron_pc.config import Config
+from megatron_pc.data.records import PromptRecord
+from megatron_pc.driver.scoring import Grading, grading_of
+from megatron_pc.reward.pool import RewardResult
 from megatron_pc.rollout.base import GenerationRequest, GenerationResult, SamplingSettings, derive_seed, merge_results
 from megatron_pc.training.payload import RolloutPayload
 
@@ -33,7 +37,8 @@ class PromptRequest:
     kind: RequestKind
     n: int
     token_ids: tuple[int, ...]
-    answer: str
+    grading: Grading
+    """What the reward needs of the prompt: its answer, data source, extra info."""
 
     @property
     def generation(self) -> GenerationRequest:
@@ -41,10 +46,10 @@ class PromptRequest:
         return GenerationRequest(self.token_ids, self.n)
 
 
-def resolve_round(plan: RoundPlan, token_ids: Sequence[Sequence[int]], answers: Callable[[int], str]) -> list[PromptRequest]:
-    """The plan's requests, in plan order, each with its prompt's token ids and answer
-    (``answers(prompt)``): the one lookup of a prompt on its way to the update."""
-    return [PromptRequest(r.prompt, r.kind, r.n, tuple(token_ids[r.prompt]), answers(r.prompt)) for r in plan.requests]
+def resolve_round(plan: RoundPlan, token_ids: Sequence[Sequence[int]], records: Callable[[int], PromptRecord]) -> list[PromptRequest]:
+    """The plan's requests, in plan order, each with its prompt's token ids and grading context
+    (from ``records(prompt)``): the one lookup of a prompt on its way to the update."""
+    return [PromptRequest(r.prompt, r.kind, r.n, tuple(token_ids[r.prompt]), grading_of(records(r.prompt))) for r in plan.requests]
 
 
 def generate_round(
@@ -67,9 +72,9 @@ def generate_round(
     return out, len(parts)
 
 
-def answers_of(requests: Sequence[PromptRequest]) -> list[str]:
-    """The answer every sample of the round is graded against, in request then sample order."""
-    return [r.answer for r in requests for _ in range(r.n)]
+def gradings_of(requests: Sequence[PromptRequest]) -> list[Grading]:
+    """What every sample of the round is graded against, in request then sample order."""
+    return [r.grading for r in requests for _ in range(r.n)]
 
 
 def to_rollouts(requests: Sequence[PromptRequest], result: GenerationResult, rewards: Sequence[tuple[float, bool]]) -> list[list[Rollout]]:
@@ -91,3 +96,29 @@ def to_rollouts(requests: Sequence[PromptRequest], result: GenerationResult, rew
     if next(flat, None) is not None:
         raise ValueError("more rewards than samples")
     return out
+
+
+def sample_rows(
+    step: int, requests: Sequence[PromptRequest], texts: Sequence[str], results: Sequence[RewardResult], limit: int,
+    records: Callable[[int], PromptRecord],
+) -> list[dict[str, Any]]:
+    """Up to ``limit`` of the round's samples as samples.jsonl rows (metrics/samples.py): the first
+    sample of each request in order, then the second of each, ..., so that they show as many
+    prompts as they can; only the rows kept are built."""
+    starts, first = [], 0  # index of each request's first sample in texts / results
+    for request in requests:
+        starts.append(first)
+        first += request.n
+    rows: list[dict[str, Any]] = []
+    k = 0
+    while len(rows) < limit and any(r.n > k for r in requests):
+        for request, start in zip(requests, starts):
+            if len(rows) >= limit:
+                break
+            if request.n > k:
+                i, record = start + k, records(request.prompt)
+                rows.append({"step": step, "prompt_id": record.id, "prompt_index": request.prompt, "kind": request.kind,
+                             "prompt": record.to_row()["prompt"], "response": texts[i], "reward": results[i].reward,
+                             "correct": results[i].correct})  # fmt: skip
+        k += 1
+    return rows

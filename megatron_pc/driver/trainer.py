@@ -29,15 +29,17 @@ from megatron_pc.config import Config, to_dict
 from megatron_pc.console import CONSOLE
 from megatron_pc.driver.checkpoints import CheckpointManager, on_preemption
 from megatron_pc.driver.engines import RestartingEngines
-from megatron_pc.driver.evaluation import Evaluator, decode_and_score
+from megatron_pc.driver.evaluation import Evaluator
 from megatron_pc.driver.faults import Injector
 from megatron_pc.driver.screen import Screen
 from megatron_pc.driver.pipeline import Generated, Versions, pipeline_state, resume_pipeline, warn_uncorrected_lag
-from megatron_pc.driver.rounds import answers_of, generate_round, resolve_round, to_rollouts
+from megatron_pc.driver.rounds import generate_round, gradings_of, resolve_round, sample_rows, to_rollouts
+from megatron_pc.driver.scoring import decode_and_score, reward_metrics
 from megatron_pc.driver.sync_check import SyncCheck, pair_precision
 from megatron_pc.driver.update import PolicyGroup, update_policy
 from megatron_pc.errors import MegatronPCError
-from megatron_pc.metrics.logger import open_metrics, report_peak_memory
+from megatron_pc.metrics.logger import open_metrics, report_peak_memory, wandb_naming
+from megatron_pc.metrics.samples import SampleLog
 from megatron_pc.metrics.phases import GENERATION_PHASES
 from megatron_pc.metrics.timing import GenerationTally, Timer
 from megatron_pc.platform import devices
@@ -97,6 +99,7 @@ class Trainer:
         self.engines: RestartingEngines | None = None  # the workers' engines, restarted when they die
         self.versions = Versions()
         self.pending: Generated | None = None  # pipelined: the next step, generated during this one
+        self.step_samples: list[dict[str, Any]] = []  # the last step's rows for samples.jsonl
         warn_uncorrected_lag(cfg.training)
         # Refuse GPUs this Python cannot use, and a transport the devices cannot serve, before any worker starts.
         gpu = devices.use_gpus()
@@ -125,14 +128,22 @@ class Trainer:
             if self.resume_path is not None:
                 self._engines.call("weight sync", workers.sync_weights)  # the engines started from model.path
             with RewardPool(cfg.reward, max_tokens=cfg.rollout.max_tokens) as rewards:
-                evaluator = Evaluator(cfg, self.data, self.engines, rewards)
-                metrics = open_metrics(cfg.logging, self.run_dir, cfg.name, cfg.training.steps, self.resume_step or None, to_dict(cfg))
+                keep = cfg.logging.samples > 0
+                evaluator = Evaluator(cfg, self.data, self.engines, rewards, self.run_dir / "validation" if keep else None)
+                naming = wandb_naming(cfg.logging, cfg.name, cfg.allocation.strategy, cfg.seed, str(self.data.model_path))
+                metrics = open_metrics(cfg.logging, self.run_dir, cfg.name, cfg.training.steps, self.resume_step or None, to_dict(cfg), naming)
+                samples = SampleLog(self.run_dir / "samples.jsonl", self.resume_step or None, metrics.wandb) if keep else None
                 try:
                     if self.resume_step == 0:
                         metrics.log(0, evaluator.run(step=0))
+                        if samples is not None:
+                            samples.write(0, [], evaluator.last_rows)
                     spent = cfg.training.budget_spent(self.strategy.acct.total["generated"])  # a resumed run that had spent it
                     for step in range(self.resume_step + 1, (cfg.training.steps if not spent else self.resume_step) + 1):
+                        evaluator.last_rows = {}
                         last = self._step(step, workers, rewards, evaluator)
+                        if samples is not None:
+                            samples.write(step, self.step_samples, evaluator.last_rows)
                         metrics.log(step, last)
                         spent = cfg.training.budget_spent(last.get("cum_generated", 0))
                         if self.preempted or spent or step % cfg.training.save_every == 0 or step == cfg.training.steps:
@@ -141,6 +152,8 @@ class Trainer:
                             break
                 finally:
                     metrics.close()
+                    if samples is not None:
+                        samples.close()
                 report_peak_memory(workers.peak_memory(), self.run_dir)
         finally:
             self._ahead.shutdown(wait=True)
@@ -182,6 +195,7 @@ class Trainer:
                 with timer("validation"):
                     val = evaluator.run(step)
         self.tokens_total += gen.tokens
+        self.step_samples = gen.samples
         seconds, ages = {**timer.seconds, **gen.seconds}, self.versions.ages(gen.result)  # generate / reward: when they ran
         self.versions.forget_before(step - cfg.allocation.max_commit_age - 1)
         gen_s = gen.seconds.get("generate", 0.0)
@@ -201,21 +215,26 @@ class Trainer:
         engines' weights are behind the policy that will train it)."""
         self.versions.generated(step)
         tally = GenerationTally()
+        picked: list[dict[str, Any]] = []  # the step's first logging.samples rollouts, for samples.jsonl
+        extras: list[dict[str, float]] = []  # reward/<key> metrics: means over the step of a custom function's extra values
         while not self.strategy.batch_ready():
             self.screen.before_round(self.strategy, step)
             plan = self.strategy.plan_round()
             self.strategy.trace.emit({"event": "generate", "step": plan.step, "round": plan.round, "rollouts": plan.total_rollouts,
                                       "policy_version": self.versions.by_step.get(plan.step, self.versions.engines)})  # fmt: skip
-            requests = resolve_round(plan, self.data.train_tokens, lambda prompt: self.data.train[prompt].answer)
+            requests = resolve_round(plan, self.data.train_tokens, self.data.train.__getitem__)
             out, calls = generate_round(self._engines, plan, requests, self.cfg, timer)
             with timer("reward"):
-                scored = decode_and_score(self.data.tokenizer, out, answers_of(requests), rewards)
-            self.strategy.observe(plan, to_rollouts(requests, out, scored))
+                texts, scored = decode_and_score(self.data.tokenizer, out, gradings_of(requests), rewards)
+            self.strategy.observe(plan, to_rollouts(requests, out, [(r.reward, r.correct) for r in scored]))
             tally.add_round([len(r.token_ids) for r in requests], out, calls)
+            picked += sample_rows(step, requests, texts, scored, self.cfg.logging.samples - len(picked), self.data.train.__getitem__)
+            extras += [r.metrics for r in scored if r.metrics]
         result = self.strategy.finish_step()
         if result.step != step:
             raise RuntimeError(f"generated step {result.step} where step {step} was due")
-        return Generated(result, tally.tokens, tally.metrics(), timer.only(GENERATION_PHASES), lag, tally.calls)
+        responses = {**tally.metrics(), **reward_metrics(extras)}
+        return Generated(result, tally.tokens, responses, timer.only(GENERATION_PHASES), lag, tally.calls, picked)
 
     def _update(self, result: StepResult, workers: Workers, timer: Timer, sync: bool = True) -> dict[str, float]:
         """The policy update (old log-probs once, then one optimizer update per mini-batch), then

@@ -14,6 +14,7 @@ import os
 import secrets
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from megatron_pc.console import CONSOLE
@@ -50,12 +51,7 @@ class JsonlMetrics:
 
     def __init__(self, path: Path, resume_step: int | None) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            keep = [] if resume_step is None else _lines_through(path, resume_step)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in keep))
-            os.replace(tmp, path)
+        cut_after(path, resume_step)
         self._file = path.open("a")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -68,6 +64,17 @@ class JsonlMetrics:
     def close(self) -> None:
         """Close the file."""
         self._file.close()
+
+
+def cut_after(path: Path, resume_step: int | None) -> None:
+    """Make the JSONL file ``path`` (rows with a ``step``) hold only the rows through
+    ``resume_step``: none for a fresh run (None), and never a torn last line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        keep = [] if resume_step is None else _lines_through(path, resume_step)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
 
 
 def _lines_through(path: Path, last_step: int) -> list[str]:
@@ -119,14 +126,27 @@ class WandbMetrics:
     value (W&B refuses to go back in steps); metrics.jsonl holds the resumed values.
     """
 
-    def __init__(self, project: str, run_name: str, run_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, project: str, run_name: str, run_dir: Path, config: dict[str, Any], naming: WandbNaming | None = None) -> None:
         try:
             import wandb
         except ImportError:
             raise ImportError(f"logging.wandb_project={project!r} needs the wandb package: pip install 'megatron-pc[wandb]'") from None
+        self._wandb = wandb
         self.run_id = wandb_run_id(run_dir)
         where = None if os.environ.get("WANDB_DIR") else str(run_dir)
-        self._run = wandb.init(project=project, name=run_name, id=self.run_id, resume="allow", dir=where, config=config)
+        naming = naming or WandbNaming(run_name)
+        self._run = wandb.init(project=project, name=naming.name, id=self.run_id, resume="allow", dir=where, config=config,
+                               entity=naming.entity, group=naming.group, tags=naming.tags)  # fmt: skip
+
+    def log_table(self, step: int, key: str, rows: list[dict[str, Any]]) -> None:
+        """Log ``rows`` (dicts with the same keys) as a W&B table under ``key`` at ``step``."""
+        if not rows:
+            return
+        columns = list(rows[0])
+        data = [[row.get(c) if isinstance(row.get(c), (int, float, str, bool, type(None))) else json.dumps(row.get(c)) for c in columns]
+                for row in rows]  # fmt: skip
+        # Mixed types: a validation row's sample is an index or "greedy", its extracted answer text or null.
+        self._run.log({key: self._wandb.Table(columns=columns, data=data, allow_mixed_types=True)}, step=step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Log the step's finite numbers (None and NaN are left out, as in TensorBoard; the step
@@ -137,6 +157,28 @@ class WandbMetrics:
     def close(self) -> None:
         """Finish the run (it stays resumable)."""
         self._run.finish()
+
+
+@dataclass(frozen=True)
+class WandbNaming:
+    """A W&B run's name, entity, group and tags (see :func:`wandb_naming`)."""
+
+    name: str
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] | None = None
+
+
+def wandb_naming(cfg: LoggingConfig, name: str, strategy: str, seed: int, model_path: str) -> WandbNaming:
+    """``<name>-<strategy>-<seed>`` in group ``<name>``, tagged with the strategy and the model
+    directory's name, unless ``logging.wandb_name`` / ``wandb_group`` / ``wandb_tags`` say otherwise."""
+    model = Path(model_path).name or str(model_path)
+    return WandbNaming(
+        name=cfg.wandb_name or f"{name}-{strategy}-{seed}",
+        entity=cfg.wandb_entity,
+        group=cfg.wandb_group or name,
+        tags=list(cfg.wandb_tags) if cfg.wandb_tags is not None else [strategy, model],
+    )
 
 
 def wandb_run_id(run_dir: Path) -> str:
@@ -177,6 +219,11 @@ class MultiMetrics:
     def __init__(self, sinks: list[MetricsSink]) -> None:
         self.sinks = sinks
 
+    @property
+    def wandb(self) -> WandbMetrics | None:
+        """The W&B sink, if W&B is on (for tables)."""
+        return next((s for s in self.sinks if isinstance(s, WandbMetrics)), None)
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Log to every sink."""
         for sink in self.sinks:
@@ -189,16 +236,18 @@ class MultiMetrics:
 
 
 def open_metrics(
-    cfg: LoggingConfig, run_dir: Path, run_name: str, total_steps: int, resume_step: int | None, config: dict[str, Any]
+    cfg: LoggingConfig, run_dir: Path, run_name: str, total_steps: int, resume_step: int | None, config: dict[str, Any],
+    naming: WandbNaming | None = None,
 ) -> MultiMetrics:
-    """The sinks ``cfg`` asks for, resuming after ``resume_step`` when given."""
+    """The sinks ``cfg`` asks for, resuming after ``resume_step`` when given (``naming``: the W&B
+    run's name, group and tags; default: ``run_name`` alone)."""
     sinks: list[MetricsSink] = []
     if cfg.jsonl:
         sinks.append(JsonlMetrics(run_dir / "metrics.jsonl", resume_step))
     if cfg.tensorboard:
         sinks.append(TensorBoardMetrics(run_dir / "tensorboard", resume_step))
     if cfg.wandb_project:
-        sinks.append(WandbMetrics(cfg.wandb_project, run_name, run_dir, config))
+        sinks.append(WandbMetrics(cfg.wandb_project, run_name, run_dir, config, naming))
     if cfg.progress:
         sinks.append(ProgressBar(total_steps, resume_step or 0))
     return MultiMetrics(sinks)

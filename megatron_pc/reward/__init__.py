@@ -1,4 +1,5 @@
-"""Rewards: final-answer extraction and checking (math-verify) in a process pool with timeouts."""
+"""Rewards: final-answer extraction, the built-in graders (math-verify, integers) and your own
+compute_score (custom.py), run in a process pool with timeouts."""
 
 from megatron_pc.reward.config import RewardConfig
 from megatron_pc.reward.extract import extract_answer

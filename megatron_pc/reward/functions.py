@@ -26,10 +26,17 @@ _INT_RE = re.compile(r"[+-]?\d{1,64}")
 
 @dataclass(frozen=True)
 class Grade:
-    """Outcome of one reward function call: correct or not, and why (a short reason code)."""
+    """Outcome of one reward function call: correct or not, and why (a short reason code).
+
+    A custom function (reward/custom.py) gives its ``score`` and extra ``metrics`` instead, and
+    the pool judges success against ``reward.success_threshold``; ``detail`` says what failed.
+    """
 
     correct: bool
     reason: str
+    score: float | None = None
+    metrics: tuple[tuple[str, float], ...] = ()
+    detail: str = ""
 
 
 def _extracted(response: str) -> tuple[str | None, Grade | None]:

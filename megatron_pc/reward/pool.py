@@ -13,7 +13,8 @@ import logging
 import multiprocessing as mp
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -28,13 +29,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RewardResult:
-    """Reward of one response: ``reward`` (correctness 0/1 plus any overlong penalty), ``correct``,
-    and ``reason`` (correct, incorrect, no_answer, answer_too_long, unparsable, too_long,
-    timeout, worker_died, error:<Exception>)."""
+    """Reward of one response: ``reward`` (the score, 0/1 for a built-in grader, plus any
+    overlong penalty), ``correct`` (a success: score >= ``reward.success_threshold``), ``reason``
+    (correct, incorrect, no_answer, answer_too_long, unparsable, too_long, timeout, worker_died,
+    error:<Exception>, error:bad_return) and a custom function's extra ``metrics``."""
 
     reward: float
     correct: bool
     reason: str
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 def overlong_penalty(tokens: int, max_tokens: int, buffer: int, factor: float) -> float:
@@ -82,7 +85,8 @@ class RewardPool:
     """Grades responses against reference answers with ``cfg.function`` in ``cfg.workers`` processes.
 
     ``max_tokens`` (the rollout length limit) is needed only for the overlong penalty.
-    ``counters`` counts results by reason, plus ``scored`` and ``worker_restarts``.
+    ``counters`` counts results by reason, plus ``scored`` and ``worker_restarts``. Custom
+    functions are imported here first, so one that cannot load is refused before any grading.
     Use as a context manager, or call :meth:`close`.
     """
 
@@ -91,9 +95,11 @@ class RewardPool:
             if max_tokens is None:
                 raise ValueError("reward.overlong_buffer > 0 needs max_tokens")
             cfg.check_max_tokens(max_tokens, "reward")
+        cfg.check_functions()
         self.cfg = cfg
         self.max_tokens = max_tokens
         self.counters: Counter[str] = Counter()
+        self._logged: set[tuple[str, str]] = set()  # (function, error reason) already named in the log
         self._ctx = _context()
         self._workers = [_Worker(self._ctx, cfg.worker_memory_mb) for _ in range(cfg.workers)]
 
@@ -114,16 +120,21 @@ class RewardPool:
         return sum(w.process.is_alive() for w in self._workers)
 
     def score(
-        self, responses: list[str], answers: list[str], response_tokens: list[int] | None = None
+        self, responses: list[str], answers: list[str], response_tokens: list[int] | None = None,
+        sources: Sequence[str | None] | None = None, extra_infos: Sequence[dict[str, Any]] | None = None,
     ) -> list[RewardResult]:
         """Grade ``responses[i]`` against ``answers[i]``; never raises for bad model output.
 
         ``response_tokens[i]`` (token counts) enables the overlong penalty when configured.
+        ``sources[i]`` (the prompt's data_source) picks the function (``reward.by_source``) and,
+        with ``extra_infos[i]``, is passed to a custom one.
         """
-        if len(responses) != len(answers):
-            raise ValueError(f"{len(responses)} responses but {len(answers)} answers")
-        if response_tokens is not None and len(response_tokens) != len(responses):
-            raise ValueError(f"{len(responses)} responses but {len(response_tokens)} token counts")
+        for what, given in (("answers", answers), ("token counts", response_tokens), ("sources", sources), ("extra_infos", extra_infos)):
+            if given is not None and len(given) != len(responses):
+                raise ValueError(f"{len(responses)} responses but {len(given)} {what}")
+        requests = [(self.cfg.function_for(sources[i] if sources else None), responses[i], answers[i],
+                     (sources[i] if sources else None) or "", dict(extra_infos[i]) if extra_infos else {})
+                    for i in range(len(responses))]  # fmt: skip
         if not self._workers:
             raise RuntimeError("RewardPool is closed")
         grades: list[Grade | None] = [None] * len(responses)
@@ -134,22 +145,30 @@ class RewardPool:
                 grades[i] = Grade(False, "too_long")
             else:
                 todo.append(i)
-        self._run(todo, responses, answers, grades)
-        return [self._result(i, g, response_tokens) for i, g in enumerate(grades)]
+        self._run(todo, requests, grades)
+        return [self._result(i, g, requests[i][0], response_tokens) for i, g in enumerate(grades)]
 
-    def _result(self, i: int, grade: Grade | None, response_tokens: list[int] | None) -> RewardResult:
-        """Turn a grade into a reward and count it."""
+    def _result(self, i: int, grade: Grade | None, function: str, response_tokens: list[int] | None) -> RewardResult:
+        """Turn a grade into a reward and count it; a failure (error, timeout, ...) is never a success."""
         assert grade is not None  # every index is graded by _run
+        score = grade.score if grade.score is not None else (1.0 if grade.correct else 0.0)
+        failed = grade.reason.startswith("error:") or grade.reason in ("timeout", "worker_died", "too_long")
+        correct = not failed and score >= self.cfg.success_threshold
+        reason = ("correct" if correct else "incorrect") if grade.score is not None else grade.reason
         self.counters["scored"] += 1
-        self.counters[grade.reason] += 1
-        reward = 1.0 if grade.correct else 0.0
+        self.counters[reason] += 1
+        if reason.startswith("error:") and (function, reason) not in self._logged:
+            self._logged.add((function, reason))
+            logger.warning("reward function %s: %s%s; such responses are graded 0 and counted in reward_errors "
+                           "(logged once)", function, reason, f" ({grade.detail})" if grade.detail else "")  # fmt: skip
+        reward = score
         if response_tokens is not None and self.max_tokens is not None:
             reward += overlong_penalty(
                 response_tokens[i], self.max_tokens, self.cfg.overlong_buffer, self.cfg.overlong_penalty
             )
-        return RewardResult(reward, grade.correct, grade.reason)
+        return RewardResult(reward, correct, reason, dict(grade.metrics))
 
-    def _run(self, todo: deque[int], responses: list[str], answers: list[str], grades: list[Grade | None]) -> None:
+    def _run(self, todo: deque[int], requests: list[tuple[Any, ...]], grades: list[Grade | None]) -> None:
         """Dispatch items to idle workers and collect results, killing those past their deadline."""
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (item, deadline)
         try:
@@ -157,7 +176,7 @@ class RewardPool:
                 for slot in range(len(self._workers)):
                     if slot not in busy and todo:
                         item = todo.popleft()
-                        self._workers[slot].conn.send((self.cfg.function, responses[item], answers[item]))
+                        self._workers[slot].conn.send(requests[item])
                         busy[slot] = (item, time.monotonic() + self.cfg.timeout_s)
                 next_deadline = min(deadline for _, deadline in busy.values())
                 conns = [self._workers[slot].conn for slot in busy]

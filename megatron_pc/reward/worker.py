@@ -1,4 +1,5 @@
-"""The grading worker process: receives (function name, response, answer), sends back a Grade.
+"""The grading worker process: receives (function, response, answer, data source, extra info),
+sends back a Grade. ``function`` is a built-in grader's name or a custom spec (reward/custom.py).
 
 Kept apart from pool.py so that the fork server can preload it (and sympy) once; workers forked
 from it then start in milliseconds, which matters because a timed-out worker is killed and
@@ -12,6 +13,9 @@ import resource
 import signal
 from multiprocessing.connection import Connection
 
+from typing import Any
+
+from megatron_pc.reward.custom import call_custom, is_custom
 from megatron_pc.reward.functions import REWARD_FUNCTIONS, Grade
 
 # Preloaded here (see module docstring); the functions import it again, which is then free.
@@ -42,13 +46,14 @@ def worker_main(conn: Connection, memory_mb: int) -> None:
             return
         if request is None:
             return
-        name, response, answer = request
-        conn.send(_grade(name, response, answer))
+        conn.send(_grade(*request))
 
 
-def _grade(name: str, response: str, answer: str) -> Grade:
+def _grade(name: str, response: str, answer: str, source: str, extra_info: dict[str, Any]) -> Grade:
     """Run one reward function; any exception (MemoryError, RecursionError, ...) is a wrong answer."""
+    if is_custom(name):
+        return call_custom(name, source, response, answer, extra_info)
     try:
         return REWARD_FUNCTIONS[name](response, answer)
     except BaseException as err:  # noqa: BLE001 - hostile input may raise anything
-        return Grade(False, f"error:{type(err).__name__}")
+        return Grade(False, f"error:{type(err).__name__}", detail=str(err)[:200])

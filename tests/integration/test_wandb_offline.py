@@ -19,7 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from megatron_pc.data.arithmetic import arithmetic_prompts
-from megatron_pc.metrics.logger import WANDB_ID_FILE, WandbMetrics, read_metrics
+from megatron_pc.metrics.config import LoggingConfig
+from megatron_pc.metrics.logger import WANDB_ID_FILE, WandbMetrics, read_metrics, wandb_naming
+from megatron_pc.metrics.samples import SampleLog
 
 pytestmark = pytest.mark.integration
 
@@ -90,6 +92,7 @@ def read_offline_runs(wandb_dir: Path, expected: int) -> list[dict[str, Any]]:
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 run["id"] = record.run.run_id
+                run["naming"] = (record.run.display_name, record.run.run_group, list(record.run.tags))
                 run["config"] = {item.key: json.loads(item.value_json) for item in record.run.config.update}
             elif kind == "history":
                 items = {"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in record.history.item}
@@ -100,14 +103,18 @@ def read_offline_runs(wandb_dir: Path, expected: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture()
-def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """WANDB_MODE=offline with W&B's files in the test's directory."""
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """WANDB_MODE=offline with W&B's files in the test's directory. wandb reads the environment
+    once per process, so its singleton is torn down after the test for the next one's directory."""
+    import wandb
+
     wandb_dir = tmp_path / "wandb_dir"
     wandb_dir.mkdir()
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(wandb_dir))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    return wandb_dir
+    yield wandb_dir
+    wandb.teardown()
 
 
 def test_a_resumed_run_logs_to_the_same_wandb_run_and_carries_on_from_its_step(offline: Path, tmp_path: Path) -> None:
@@ -131,6 +138,26 @@ def test_a_resumed_run_logs_to_the_same_wandb_run_and_carries_on_from_its_step(o
     other = WandbMetrics("mpc-test", "tiny", tmp_path / "other", {})
     other.close()
     assert other.run_id != first.run_id
+
+
+def test_a_run_is_named_grouped_and_tagged_and_its_samples_go_to_tables(offline: Path, tmp_path: Path) -> None:
+    naming = wandb_naming(LoggingConfig(), "tiny_cpu", "grpo", 3, "/models/start_model")
+    sink = WandbMetrics("mpc-test", "tiny_cpu", tmp_path / "run", {}, naming)
+    samples = SampleLog(tmp_path / "run" / "samples.jsonl", None, sink)
+    rows = [{"step": 1, "prompt_id": "p0", "prompt": [{"role": "user", "content": "1+1"}], "response": "2", "reward": 1.0, "correct": True}]
+    answers = [{"step": 1, "set": "sums", "sample": 0, "response": "3", "extracted": "3", "correct": False},
+               {"step": 1, "set": "sums", "sample": "greedy", "response": "", "extracted": None, "correct": False}]  # mixed types
+    samples.write(1, rows, {"sums": answers})
+    sink.log(1, {"reward_mean": 0.5})
+    samples.close()
+    sink.close()
+    (run,) = read_offline_runs(offline, 1)
+    assert run["naming"] == ("tiny_cpu-grpo-3", "tiny_cpu", ["grpo", "start_model"])
+    logged = run["history"][1]
+    assert logged["reward_mean"] == 0.5
+    assert (logged["samples/rollouts/_type"], logged["samples/rollouts/nrows"], logged["samples/rollouts/ncols"]) == ("table-file", 1, 6)
+    assert (logged["samples/validation/sums/_type"], logged["samples/validation/sums/nrows"]) == ("table-file", 2)
+    assert json.loads((tmp_path / "run" / "samples.jsonl").read_text()) == rows[0]
 
 
 def _verl_file(path: Path, prompts: list[Any], source: str, split: str) -> Path:
@@ -191,6 +218,6 @@ def test_a_two_step_run_trains_from_verl_parquet_and_its_wandb_scalars_equal_met
     assert sorted(history) == [0, 1, 2]
     for r in rows:
         expected = {k: v for k, v in r.items() if k != "step" and isinstance(v, (int, float))}
-        logged = history[r["step"]]
+        logged = {k: v for k, v in history[r["step"]].items() if not k.startswith("samples/")}  # the W&B tables of samples.jsonl
         differ = {k: (expected.get(k, "absent"), logged.get(k, "absent")) for k in expected.keys() | logged.keys() if expected.get(k) != logged.get(k)}
         assert differ == {}, f"step {r['step']}: (metrics.jsonl, W&B) {differ}"

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from megatron_pc.allocation import Request, Rollout, RoundPlan, TrainGroup
-from megatron_pc.driver.rounds import PromptRequest, answers_of, resolve_round, to_rollouts
+from megatron_pc.data.records import PromptRecord
+from megatron_pc.driver.rounds import PromptRequest, gradings_of, resolve_round, sample_rows, to_rollouts
+from megatron_pc.driver.scoring import Grading
 from megatron_pc.driver.update import groups_to_sequences
 from megatron_pc.rollout.base import GenerationResult, Sample, merge_results
 from megatron_pc.training.payload import as_payload
@@ -16,14 +18,15 @@ from megatron_pc.training.payload import as_payload
 
 def test_a_round_is_resolved_once_into_requests_in_plan_order_with_tokens_and_answers() -> None:
     plan = RoundPlan(1, 1, [Request(2, 4, "pilot"), Request(0, 12, "commit")])
-    reqs = resolve_round(plan, [[5, 6], [7], [8, 9, 10]], lambda prompt: f"a{prompt}")
-    assert [(r.prompt, r.kind, r.token_ids, r.answer) for r in reqs] == [(2, "pilot", (8, 9, 10), "a2"), (0, "commit", (5, 6), "a0")]
+    records = [PromptRecord(f"p{i}", f"q{i}", f"a{i}", source="s" if i else None, difficulty=0.5 if i else None) for i in range(3)]
+    reqs = resolve_round(plan, [[5, 6], [7], [8, 9, 10]], records.__getitem__)
+    assert [(r.prompt, r.kind, r.token_ids, r.grading.answer) for r in reqs] == [(2, "pilot", (8, 9, 10), "a2"), (0, "commit", (5, 6), "a0")]
     assert [(g.prompt_token_ids, g.n) for g in (r.generation for r in reqs)] == [((8, 9, 10), 4), ((5, 6), 12)]
-    assert answers_of(reqs) == ["a2"] * 4 + ["a0"] * 12
+    assert gradings_of(reqs) == [Grading("a2", "s", {"id": "p2", "difficulty": 0.5})] * 4 + [Grading("a0", None, {"id": "p0"})] * 12
 
 
 def _requests(*ns: int) -> list[PromptRequest]:
-    return [PromptRequest(i, "full", n, (1, 10 + i), str(i)) for i, n in enumerate(ns)]
+    return [PromptRequest(i, "full", n, (1, 10 + i), Grading(str(i), None, {})) for i, n in enumerate(ns)]
 
 
 def test_rewards_are_paired_with_samples_in_order() -> None:
@@ -95,3 +98,18 @@ def test_empty_responses_count_in_the_baseline_but_are_not_trained() -> None:
     seqs = groups_to_sequences(groups, std_normalize=False)
     assert len(seqs) == 2
     assert seqs[0].advantage == pytest.approx(2 / 3) and seqs[1].advantage == pytest.approx(-1 / 3)
+
+
+def test_the_samples_log_takes_one_sample_of_each_request_before_a_second() -> None:
+    from megatron_pc.reward.pool import RewardResult
+
+    records = [PromptRecord(f"p{i}", f"q{i}", "1") for i in range(3)]
+    requests = [PromptRequest(i, "pilot", n, (1,), Grading("1", None, {})) for i, n in enumerate((3, 1, 2))]
+    texts = ["a0", "a1", "a2", "b0", "c0", "c1"]
+    results = [RewardResult(float(t == "b0"), t == "b0", "x") for t in texts]
+    rows = sample_rows(7, requests, texts, results, 5, records.__getitem__)
+    assert [(r["prompt_id"], r["response"]) for r in rows] == [("p0", "a0"), ("p1", "b0"), ("p2", "c0"), ("p0", "a1"), ("p2", "c1")]
+    assert rows[1] == {"step": 7, "prompt_id": "p1", "prompt_index": 1, "kind": "pilot", "prompt": "q1", "response": "b0",
+                       "reward": 1.0, "correct": True}  # fmt: skip
+    assert len(sample_rows(7, requests, texts, results, 99, records.__getitem__)) == 6
+    assert sample_rows(7, requests, texts, results, 0, records.__getitem__) == []

@@ -171,11 +171,13 @@ def test_each_set_is_sampled_with_its_settings_and_the_headline_is_the_mean(rewa
     assert metrics["val_accuracy_stderr"] == pytest.approx(math.sqrt((1 / 3) ** 2 + se_b**2) / 2)
 
 
-def test_the_single_set_forms_report_only_the_headline_metrics_with_the_old_seed(rewards: RewardPool) -> None:
+def test_the_single_set_forms_report_the_headline_and_at_k_metrics_with_the_old_seed(rewards: RewardPool) -> None:
     cfg = load_config(None, ["training.val_samples=2"])
     engines = FakeEngines()
     metrics = Evaluator(cfg, _run_data({"validation": [1, 2, 0, 2]}), engines, rewards).run(step=3)
-    assert set(metrics) == {"val_accuracy", "val_accuracy_stderr", "val_greedy_accuracy", "val_reward_mean"}
+    at_k = {f"val/validation/{k}" for k in ("mean@2", "pass@1", "pass@2", "maj@1", "maj@2")}
+    assert set(metrics) == {"val_accuracy", "val_accuracy_stderr", "val_greedy_accuracy", "val_reward_mean"} | at_k
+    assert metrics["val/validation/mean@2"] == metrics["val/validation/pass@1"] == pytest.approx(5 / 8)
     assert metrics["val_accuracy"] == pytest.approx(5 / 8) and metrics["val_greedy_accuracy"] == 0.75
     assert metrics["val_accuracy_stderr"] == pytest.approx(prompt_stderr([0.5, 1.0, 0.0, 1.0]))
     reqs, sampling = engines.calls[0]
