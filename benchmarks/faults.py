@@ -17,7 +17,10 @@ machine's Ray, Megatron-Core and vLLM:
   (the run stops naming it, a restart resumes); both must end equal to the reference;
 * the newest checkpoint damaged before a restart (resumes from the previous one);
 * the disk filled during a checkpoint (a small tmpfs: where mounting is not permitted the
-  case is reported as not run).
+  case is reported as not run);
+* a worker node lost in step 2, on two emulated Ray nodes (benchmarks/nodes.py): the run must
+  exit with the requeue code and the same command, on a node that replaces it, end equal to a
+  two-node reference.
 
 **Offline** (always): damaged checkpoints of every kind, a file-size limit hit while saving,
 reward workers that crash or hang, and bad input: configs, data files, model directories and
@@ -165,13 +168,18 @@ def actor_pid(title: str, run_dir: Path) -> int:
 
 def kill_actor_when(cmd: list[str], run_dir: Path, title: str, ready: Callable[[], bool], timeout: float = 900) -> tuple[int, str]:
     """Run ``cmd``; once ``ready()``, SIGKILL the run's actor ``title``; (exit code, output)."""
+    return act_when(cmd, ready, lambda: os.kill(actor_pid(title, run_dir), signal.SIGKILL), timeout)
+
+
+def act_when(cmd: list[str], ready: Callable[[], bool], act: Callable[[], None], timeout: float = 900) -> tuple[int, str]:
+    """Run ``cmd``; once ``ready()``, ``act()`` (kill something); (exit code, output)."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None and not ready():
             time.sleep(0.2)
         if proc.poll() is None:
-            os.kill(actor_pid(title, run_dir), signal.SIGKILL)
+            act()
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
     finally:
@@ -315,6 +323,44 @@ def run_faults(args: list[str], out: Path, tally: Tally) -> None:
               launch.code == 0 and "skipping damaged checkpoint" in launch.output and not diffs,
               f"exit {launch.code}" + (f"; differs: {diffs[:3]}" if diffs else ""))  # fmt: skip
     _disk_full_run(args, out, ref, tally)
+    lost_node_fault(args, out, tally)
+
+
+# ---- a lost node, on two emulated Ray nodes (benchmarks/nodes.py) ----------------------------
+
+TWO_NODES = ["cluster.data_parallel=2", "rollout.engines=2", "cluster.cpus_per_worker=1"]
+"""What a run adds to spread over two emulated nodes of one CPU each: a policy rank and an
+engine on each (one CPU bundle a node)."""
+
+
+def lost_node_fault(args: list[str], out: Path, tally: Tally) -> None:
+    """Two emulated nodes: a reference run, then the same run with node 1 lost in step 2 (after
+    step 1's checkpoint): it must exit with the requeue code, keep its complete checkpoints, and
+    the same command on a replacement node must end equal to the reference."""
+    from benchmarks.nodes import emulated_nodes
+    from megatron_pc.driver.train import PREEMPTED_EXIT
+
+    args = [*args, *TWO_NODES]
+    with emulated_nodes(2, cpus=1) as nodes:
+        here = [*args, f"cluster.ray_address={nodes.address}"]
+        ref, run = out / "two_nodes_reference", out / "two_nodes_lost"
+        if subprocess.run(train_command(ref, here), capture_output=True, text=True).returncode != 0:
+            tally.add("fault", "a worker node lost in step 2", False, "the two-node reference run failed")
+            return
+        manifest = run / "checkpoints" / "step_00000001" / "MANIFEST.json"
+        start = time.monotonic()
+        code, output = act_when(train_command(run, here), manifest.is_file, lambda: nodes.kill(1), timeout=1200)
+        stopped_s = time.monotonic() - start
+        newest, broken = _checkpoints(run)
+        tally.checkpoints_lost += len(broken) + int(newest < 1)
+        nodes.add(cpus=1)  # the requeued job's allocation
+        resumed = subprocess.run(train_command(run, here), capture_output=True, text=True)
+        diffs, lost = differences(run, ref)
+        tally.rollouts_lost += lost
+        ok = code == PREEMPTED_EXIT and "node lost" in output and not broken and resumed.returncode == 0 and not diffs
+        tally.add("fault", "a worker node lost in step 2 (raylet, policy rank, engine), resumed on a new node", ok,
+                  f"exit {code} (expected {PREEMPTED_EXIT}) {stopped_s:.0f} s after the start, then {resumed.returncode}"
+                  + (f"; differs: {diffs[:3]}" if diffs else ""))  # fmt: skip
 
 
 def _flip(path: Path, at: int = 40) -> None:

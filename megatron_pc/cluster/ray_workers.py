@@ -17,6 +17,7 @@ from megatron_pc.cluster.peak_memory import peak_rss_bytes
 from megatron_pc.cluster.placement import Placement, devices_needed, import_ray, ray_gpus, start_ray, stop_ray
 from megatron_pc.cluster.policy_group import MegatronGroup
 from megatron_pc.models.config import ModelConfig
+from megatron_pc.cluster import nodes
 from megatron_pc.platform import devices
 from megatron_pc.rollout.config import RolloutConfig
 from megatron_pc.rollout.group import EngineGroup
@@ -40,6 +41,8 @@ class RayWorkers:
         self.reference: Any = None
         self.engines: Any = None
         self.weight_sync: WeightSync | None = None
+        self.nodes: dict[str, str] = {}
+        """Id -> address of the Ray nodes that hold the run's bundles."""
 
     def start(self, ready: Callable[[], None] | None = None) -> None:
         """Placement group, policy and reference ranks, ``ready()`` (the driver loads and offloads
@@ -49,6 +52,7 @@ class RayWorkers:
         # Before any worker: Ray's GPUs must be usable here and enough for the layout.
         devices.check_gpu_count(devices_needed(self.cluster, self.layout), ray_gpus(), use_gpu=gpu)
         self.placement = Placement(self.cluster, self.layout, use_gpu=gpu)
+        self.nodes = nodes.placement_nodes(self.placement.group)
         # The engines start while the Megatron ranks do (each takes tens of seconds on CPU),
         # except where they share GPUs: vLLM sizes its KV cache from the memory free when it
         # starts, which must not change under it while Megatron loads its weights.
@@ -75,9 +79,19 @@ class RayWorkers:
         return self.weight_sync.sync_weights()
 
     def restart_engine(self, index: int) -> None:
-        """A new engine actor in the dead one's bundle, then every engine gets the policy's weights."""
+        """A new engine actor in the dead one's bundle, then every engine gets the policy's weights.
+        Where the bundle's node is gone there is nowhere to start it: :class:`nodes.NodeLostError`."""
+        self.check_nodes(f"the restart of engine {index}")
         self.engines.restart(index)
         self.sync_weights()
+
+    def check_nodes(self, during: str) -> None:
+        """Raise :class:`nodes.NodeLostError` if a node of the run's bundles is gone (a multi-node
+        run; on one node there is nothing to lose but the run itself)."""
+        if len(self.nodes) > 1:
+            lost = nodes.lost_nodes(self.nodes)
+            if lost:
+                raise nodes.NodeLostError(lost, during)
 
     def peak_memory(self) -> dict[str, int]:
         """Peak RSS in bytes of the driver and of every actor still alive, by name."""

@@ -22,7 +22,15 @@ from megatron_pc.models.config import ModelConfig
 logger = logging.getLogger(__name__)
 
 # Fields that may change between a run and its resumption; anything else must match.
-RESUMABLE_CHANGES = ("training.steps", "training.rollout_budget", "training.validate_every", "training.validate_every_rollouts", "training.save_every", "logging.", "cluster.ray_address", "run_dir")
+RESUMABLE_CHANGES = ("training.steps", "training.rollout_budget", "training.validate_every", "training.validate_every_rollouts", "training.save_every", "logging.",
+                     "cluster.ray_address", "run_dir",
+                     "cluster.data_parallel", "model.tensor_parallel", "model.pipeline_parallel",
+                     "rollout.engines", "rollout.tensor_parallel")
+"""A resume may change the layout: the policy's DP, TP and PP (its checkpoint reshards over all
+three: the model and the distributed optimizer's state are stored per parameter in the model's
+shape, training/checkpoint.py) and the engines' number and TP (they hold no state of their own:
+each gets the policy's weights; the strategy splits its rounds over however many there are).
+The new layout must itself be valid (the config's own checks, and ``megatron-pc plan``)."""
 
 
 TINY_MODEL_SEED = 0

@@ -20,8 +20,9 @@ from megatron_pc.config_cli import split_config_args
 logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT = 75
-"""Exit code after a checkpoint made because of SIGTERM/SIGUSR1 (EX_TEMPFAIL): the job is not
-finished and should be requeued; it resumes by itself."""
+"""Exit code after a checkpoint made because of SIGTERM/SIGUSR1 (EX_TEMPFAIL), or after a Ray
+node of the run was lost (megatron_pc.cluster.nodes): the job is not finished and should be
+requeued; it resumes by itself from the newest complete checkpoint."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,9 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     budget = f" or {cfg.training.rollout_budget:,} rollouts, whichever comes first" if cfg.training.rollout_budget else ""
     console.to_console(logger, "megatron-pc train %s: %s, %d steps%s, run directory %s (log: train.log%s)", cfg.name,
                        cfg.allocation.strategy, cfg.training.steps, budget, run_dir, "" if args.verbose else "; --verbose shows it here")
+    from megatron_pc.cluster.nodes import NodeLostError
+
     data = prepare(cfg)
     trainer = Trainer(cfg, data)
-    last = trainer.run()
+    try:
+        last = trainer.run()
+    except NodeLostError as err:
+        logger.error("%s", err)
+        print(f"node lost: {err}; run the same command to resume ({run_dir / 'checkpoints'})", file=sys.stderr)
+        return PREEMPTED_EXIT
     if trainer.preempted:
         print(f"preempted: checkpoint written in {run_dir / 'checkpoints'}; run the same command to resume", file=sys.stderr)
         return PREEMPTED_EXIT

@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol
 
 from megatron_pc.allocation import StepResult, build_strategy
 from megatron_pc.allocation.trace import TraceWriter
+from megatron_pc.cluster.nodes import NodeLostError
 from megatron_pc.cluster.ray_workers import RayWorkers
 from megatron_pc.config import Config, to_dict
 from megatron_pc.console import CONSOLE
@@ -155,6 +156,13 @@ class Trainer:
                     if samples is not None:
                         samples.close()
                 report_peak_memory(workers.peak_memory(), self.run_dir)
+        except Exception as err:
+            # A worker died: on a multi-node run (RayWorkers), first ask whether its node went
+            # with it; a lost node stops the run for a requeue (megatron_pc.cluster.nodes).
+            check_nodes = getattr(workers, "check_nodes", None)
+            if check_nodes is not None and not isinstance(err, NodeLostError):
+                check_nodes(f"the run's calls ({type(err).__name__})")
+            raise
         finally:
             self._ahead.shutdown(wait=True)
             workers.close()

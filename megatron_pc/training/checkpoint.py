@@ -1,8 +1,9 @@
 """Megatron distributed checkpoints (megatron.core.dist_checkpointing) of a worker: model,
 optimizer, LR schedule, step and RNG. The model part reshards: a checkpoint saved at one
-TP/PP loads at another. The optimizer part loads at any TP/PP when DP = 1 on both sides
-(the non-distributed optimizer state is stored per parameter, like the model); RNG states
-are restored only at the same layout (elsewhere they mean nothing).
+TP/PP loads at another. The optimizer (Megatron's distributed optimizer at every DP) is
+stored per parameter in the model's shape (:data:`OPTIMIZER_FORMAT`), so it loads at another
+DP: a run saved at DP 2 resumes at DP 1 and the other way round. RNG states are restored only
+at the same layout (elsewhere they mean nothing).
 
 Layout: ``DIR/config.json`` (the HF architecture, so ``score --load DIR`` can rebuild the
 model) and Megatron's files in ``DIR`` itself.
@@ -144,15 +145,64 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _prime_torch_adam(optimizer: Any) -> None:
+    """Give a fresh torch Adam (the CPU path: no Apex, no TE) zero moments and step 0. The
+    distributed optimizer's loading state dict reads the step out of the Adam state, which a
+    fresh optimizer lacks (``assert len(steps) == 1`` in ``DistributedOptimizer.state_dict``);
+    the load then overwrites all of it."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        for group in inner.param_groups:
+            for param in group["params"]:
+                if not inner.state[param]:
+                    inner.state[param].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
+                                              exp_avg_sq=torch.zeros_like(param))
+
+
+def _load_optimizer(optimizer: Any, state: Any) -> None:
+    """Load the distributed optimizer's state: its schedule-free part, then each parameter's
+    share of the ``fully_reshardable`` tensors. Megatron-Core 0.16 loads the second into every
+    key of the Adam state, which torch Adam's ``step`` (put there by the first) is not among
+    (``KeyError: 'step'``): the step is set aside around it. The first also gives every
+    parameter the same step tensor, which torch Adam's foreach update then increments once per
+    parameter (step 18 after one update of a 17-tensor model): each gets its own copy."""
+    chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    states = [state] if len(chained) == 1 else [v for _, v in sorted(state.items())]
+    for opt, part in zip(chained, states):
+        param_state = part.pop("param_state")
+        part.pop("param_state_sharding_type")
+        opt.load_state_dict(part)
+        inner = opt.optimizer.state
+        steps = {param: inner[param].pop("step") for param in list(inner) if "step" in inner[param]}
+        try:
+            opt.load_parameter_state_from_fully_reshardable(param_state)
+        finally:
+            for param, step in steps.items():
+                inner[param]["step"] = step.clone()
+
+
 def _state(worker: Any, is_loading: bool, with_optimizer: bool) -> dict[str, Any]:
     model_sd = worker.module.sharded_state_dict()
+    if with_optimizer and is_loading:
+        _prime_torch_adam(worker.optimizer)
     state: dict[str, Any] = {"model": model_sd}
     if with_optimizer:
-        state["optimizer"] = worker.optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+        state["optimizer"] = worker.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=OPTIMIZER_FORMAT)
         state["scheduler"] = worker.scheduler.state_dict()
         state["step"] = worker.step
         state["layout"] = _layout()
     return state
+
+
+OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "fully_reshardable",
+                    "distrib_optim_fully_reshardable_mem_efficient": True}
+"""How the distributed optimizer writes its state: ``fully_reshardable`` gathers each
+parameter's master weight and Adam moments on DP rank 0 (over gloo, ``mem_efficient``) and
+stores them in the model's own shape and sharding, so a checkpoint loads at another DP (and
+the load slices each rank's share). Megatron-Core 0.16's default (``fully_sharded_model_space``)
+cannot even save on CPU ("ShardedTensor.flattened_range is not supported")."""
 
 
 HF_METADATA_FILES = (
@@ -216,7 +266,7 @@ def load_checkpoint(worker: Any, path: str | Path) -> None:
         state["rng"] = _rng_object(None)
     loaded = dist_checkpointing.load(state, str(path))
     _load_module(worker, loaded["model"], path)
-    worker.optimizer.load_state_dict(loaded["optimizer"])
+    _load_optimizer(worker.optimizer, loaded["optimizer"])
     worker.scheduler.load_state_dict(loaded["scheduler"])
     worker.step = int(loaded["step"])
     if same_layout:

@@ -37,10 +37,12 @@ def _reserved_gb() -> float:
 
 def _optimizer_owns_model_params(worker: Any) -> bool:
     """True when the optimizer steps the model's own tensors (fp32 parameters: no master
-    copy), whose move to host would take the weights away from generation."""
-    model_params = {id(p) for p in worker.module.parameters()}
+    copy), whose move to host would take the weights away from generation. The distributed
+    optimizer steps slices of them (views of the same storage), so storages are compared."""
+    model_storage = {p.untyped_storage().data_ptr() for p in worker.module.parameters()}
     optimizers = getattr(worker.optimizer, "chained_optimizers", [worker.optimizer])
-    return any(id(p) in model_params for opt in optimizers for group in opt.optimizer.param_groups for p in group["params"])
+    return any(p.untyped_storage().data_ptr() in model_storage
+               for opt in optimizers for group in opt.optimizer.param_groups for p in group["params"])  # fmt: skip
 
 
 def offload_for_generation(worker: Any, settings: MemorySettings) -> dict[str, float]:

@@ -27,7 +27,6 @@ def build_model(arch: HFArch, model_cfg: ModelConfig, trainable: bool, sequence_
     optimizer reads the DDP gradient buffers, and DDP reduces gradients over DP).
     ``sequence_parallel`` (TP > 1 only) splits the sequence over the TP ranks outside the
     attention and MLP blocks."""
-    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     sequence_parallel = sequence_parallel and model_cfg.tensor_parallel > 1
@@ -39,14 +38,15 @@ def build_model(arch: HFArch, model_cfg: ModelConfig, trainable: bool, sequence_
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=False,
-        use_distributed_optimizer=parallel_state.get_data_parallel_world_size() > 1,
+        use_distributed_optimizer=True,  # at every DP: one checkpoint format, resharded over DP (training/checkpoint.py)
     )
     return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
 
 
 def build_optimizer(model: torch.nn.Module, model_cfg: ModelConfig, train_cfg: TrainingConfig):  # -> (opt, sched)
-    """Megatron's optimizer (distributed over DP when DP > 1) and its warm-up LR schedule."""
-    from megatron.core import parallel_state
+    """Megatron's distributed optimizer and its warm-up LR schedule. It is distributed at DP 1
+    too (one shard: the same memory and the same arithmetic as the replicated optimizer), so that
+    every checkpoint holds the optimizer in the one format that reshards over DP."""
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -62,7 +62,7 @@ def build_optimizer(model: torch.nn.Module, model_cfg: ModelConfig, train_cfg: T
         clip_grad=train_cfg.grad_clip,
         bf16=dtype == torch.bfloat16,
         params_dtype=dtype,
-        use_distributed_optimizer=parallel_state.get_data_parallel_world_size() > 1,
+        use_distributed_optimizer=True,
     )
     optimizer = get_megatron_optimizer(opt_config, [model])
     scheduler = OptimizerParamScheduler(

@@ -122,15 +122,18 @@ def _ray_tmp() -> str:
 class Job:
     """One submission of slurm/pc_tiny_cpu.sbatch and where its results go."""
 
-    def __init__(self, cluster: Cluster, guard: Path, model: Path, root: Path) -> None:
+    def __init__(self, cluster: Cluster, guard: Path, model: Path, root: Path, nodes: int = 1, steps: int = STEPS) -> None:
+        """``nodes`` > 1: one CPU a node, the policy's DP and the engines one a node."""
         self.cluster = cluster
         self.root = root
         self.ray_tmp = _ray_tmp()
         env = _job_env(cluster, guard, root, self.ray_tmp)
-        env["MPC_OVERRIDES"] = " ".join([*FAST, f"training.steps={STEPS}", "training.save_every=1",
+        spread = [f"cluster.data_parallel={nodes}", f"rollout.engines={nodes}", "cluster.cpus_per_worker=1"] if nodes > 1 else []
+        env["MPC_OVERRIDES"] = " ".join([*FAST, f"training.steps={steps}", "training.save_every=1", *spread,
                                          "allocation.on_round_limit=train_partial", f"model.path={model}"])  # fmt: skip
-        # Two CPUs for the job: Ray needs one per bundle (policy, engine).
-        cmd = ["sbatch", "--parsable", "--cpus-per-task=2", f"--output={root}/job-%j.out", f"--error={root}/job-%j.err",
+        # Two CPUs for a one-node job: Ray needs one per bundle (policy, engine).
+        shape = ["--cpus-per-task=2"] if nodes == 1 else [f"--nodes={nodes}", "--ntasks-per-node=1", "--cpus-per-task=1"]
+        cmd = ["sbatch", "--parsable", *shape, f"--output={root}/job-%j.out", f"--error={root}/job-%j.err",
                str(REPO / "slurm" / "pc_tiny_cpu.sbatch")]  # fmt: skip
         out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
         self.id = out.strip().split(";")[0]
