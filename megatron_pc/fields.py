@@ -74,7 +74,9 @@ def _coerce(value: Any, tp: Any, dotted: str) -> Any:
             spelled = [a for a in allowed if isinstance(a, str) and a.lower() in _YAML_BOOL_WORDS[value]]
             value = spelled[0] if len(spelled) == 1 else value
         if value not in allowed:
-            raise ConfigError(dotted, f"must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(dotted, f"must be one of {', '.join(repr(a) for a in allowed)}, got {value!r}{hint}")
         return value
     if tp is Any:
         return value

@@ -8,6 +8,7 @@
 #   STRATEGY           pilot_commit (default) | grpo | dapo -> allocation.strategy
 #   MPC_OVERRIDES      extra dotted overrides, separated by spaces (no spaces inside one)
 #   MPC_DRY_RUN=1      print the plan and the commands, start nothing, exit 0 (or the planner's code)
+#   MPC_NO_DATA_CHECK=1  do not check that the config's data files exist before Ray starts
 #   MPC_RUN_ROOT       parent of run directories (default $SLURM_SUBMIT_DIR/runs, else ./runs)
 #   MPC_RUN_DIR        the run directory itself (default MPC_RUN_ROOT/<config>-<strategy>-<job id>);
 #                      set it to an earlier run's directory to resume that run in a new job
@@ -54,6 +55,8 @@ read -r -a user_overrides <<< "${MPC_OVERRIDES:-}"
 overrides=("allocation.strategy=$strategy" "${user_overrides[@]}")
 
 dry_run="${MPC_DRY_RUN:-0}"
+data_check=()
+[ "${MPC_NO_DATA_CHECK:-0}" != 1 ] || data_check=(--no-data-check)
 nodes="${SLURM_JOB_NUM_NODES:-1}"
 job_id="${SLURM_JOB_ID:-local-$$}"
 cpus_per_node="${SLURM_CPUS_ON_NODE:-$(nproc)}"
@@ -88,21 +91,29 @@ source "$repo/slurm/lib/container.sh"
 if [ "$gpus_per_node" -gt 0 ]; then
     say "planning $config for $nodes nodes x $gpus_per_node GPUs (Transformer Engine detected in the job's environment)"
     plan_rc=0
-    "${in_image[@]}" megatron-pc plan "$config" --nodes "$nodes" --gpus-per-node "$gpus_per_node" "${overrides[@]}" || plan_rc=$?
+    "${in_image[@]}" megatron-pc plan "$config" --nodes "$nodes" --gpus-per-node "$gpus_per_node" ${data_check[@]+"${data_check[@]}"} "${overrides[@]}" || plan_rc=$?
     if [ "$plan_rc" -ne 0 ]; then
-        say "the planner refused this layout (exit $plan_rc): see the 'refused:' lines above; nothing was started"
+        say "the planner refused this layout, the config or its data (exit $plan_rc): see the 'refused:' or 'error:' lines above; nothing was started"
         exit "$plan_rc"
     fi
 else
-    say "no GPUs in this job: skipping the GPU layout plan, validating the config only"
-    "${in_image[@]}" megatron-pc config "$config" "${overrides[@]}" > /dev/null
+    say "no GPUs in this job: skipping the GPU layout plan, validating the config and its data only"
+    config_rc=0
+    "${in_image[@]}" megatron-pc config "$config" ${data_check[@]+"${data_check[@]}"} "${overrides[@]}" > /dev/null || config_rc=$?
+    if [ "$config_rc" -ne 0 ]; then
+        say "the config or its data was refused (exit $config_rc): see the 'error:' line above; nothing was started"
+        exit "$config_rc"
+    fi
 fi
 
 # --- 2. who is the head, who are the workers ------------------------------------------------
 workers=()
 if [ "$nodes" -gt 1 ]; then
     [ -n "${SLURM_JOB_NODELIST:-}" ] || die "a $nodes-node job needs SLURM_JOB_NODELIST"
-    mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    # scontrol's own error (no slurm.conf outside a cluster, say) is the message, not a count of 0 nodes.
+    hostlist="$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>&1)" ||
+        die "scontrol show hostnames $SLURM_JOB_NODELIST failed: ${hostlist//$'\n'/ | } (scontrol needs the cluster's slurm.conf: run on a node of the cluster, or set SLURM_CONF)"
+    mapfile -t hosts <<< "$hostlist"
     [ "${#hosts[@]}" -eq "$nodes" ] || die "SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST names ${#hosts[@]} nodes, expected $nodes"
     # sbatch runs this script on the first node of the allocation: that one is the head.
     workers=("${hosts[@]:1}")

@@ -14,11 +14,11 @@ from megatron_pc.errors import ConfigError
 class PilotConfig:
     """The pilot stage of Pilot-Commit: a few rollouts of each new prompt to estimate p_hat."""
 
-    n: int = 4
+    n: int = 16
     """Rollouts per new prompt in the pilot (reference runs: 32 for n=128, 16 for n=64)."""
     n_effective: int | None = None
     """Pilot rollouts kept in the training group (<= n). None means all n."""
-    batch: int = 96
+    batch: int = 384
     """Prompts piloted per generation round (reference: 3 x train_batch)."""
     keep: Literal["max_variance", "first"] = "max_variance"
     """Which pilot rollouts to keep when n_effective < n: the subset with the highest reward
@@ -45,13 +45,13 @@ class BufferConfig:
     max_age: int = 4
     """A survivor is committed at most this many steps after its pilot (``age_rule: strict``);
     older ones are dropped."""
-    age_rule: Literal["strict", "reference"] = "strict"
+    age_rule: Literal["strict", "reference"] = "reference"
     """``strict``: a pilot is committed at most ``max_age`` steps after it. ``reference``: the
     reference recipe's rule, which drops entries with step - pilot_step > max_age after the
     batch is full, so a pilot can still be committed at the next step, max_age + 1 steps after it."""
     capacity: int | None = None
     """At most this many waiting survivors (the oldest are dropped first). None: no limit."""
-    sampling: Literal["max_variance", "random"] = "max_variance"
+    sampling: Literal["max_variance", "random"] = "random"
     """Which survivors a round commits: highest pilot variance p(1-p) first (ties to the most
     recent pilot), or uniformly at random."""
 
@@ -188,9 +188,9 @@ class AllocationConfig:
 
     strategy: Literal["pilot_commit", "grpo", "dapo", "speed_rl", "greso", "mopps"] = "pilot_commit"
     """Allocation strategy, by exact registry name."""
-    train_batch: int = 32
+    train_batch: int = 128
     """Prompts (training groups) per optimizer step."""
-    n: int = 16
+    n: int = 64
     """Rollouts per training group (GRPO's n)."""
     pilot: PilotConfig = field(default_factory=PilotConfig)
     commit_n: int | None = None
@@ -205,7 +205,8 @@ class AllocationConfig:
     history: HistoryConfig = field(default_factory=HistoryConfig)
     """History-aware options of pilot_commit (off by default)."""
     dapo_batch: int | None = None
-    """Prompts DAPO draws per generation round. None: train_batch."""
+    """Prompts DAPO draws per generation round. None: train_batch. (The paper configs write the
+    recipe's 3 x train_batch; a default that follows train_batch needs no second change with it.)"""
     max_rounds: int = 10
     """Generation rounds allowed to fill one train batch."""
     on_round_limit: Literal["error", "train_partial"] = "error"

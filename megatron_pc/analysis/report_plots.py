@@ -17,6 +17,7 @@ reader) can check a plot holds what it should.
 from __future__ import annotations
 
 import statistics
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,9 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("the report's plots need matplotlib (pip install megatron-pc[cpu])") from None
+        raise ImportError(f"the report's plots need matplotlib, which {sys.prefix} lacks: {sys.executable} -m pip install "
+                          "'matplotlib>=3.8' (or re-run bash scripts/install.sh, with --gpu in a GPU environment: both "
+                          "sets include it)") from None
     matplotlib.use("Agg")  # files only; never a display
     import matplotlib.pyplot as plt
 

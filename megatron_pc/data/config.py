@@ -60,7 +60,7 @@ class ValidationSet:
 class DataConfig:
     """Training and validation prompts (schema: docs/data.md)."""
 
-    source: str = "builtin:arithmetic"
+    source: str = "data/polaris-53k.jsonl"
     """``builtin:<name>`` for a generated set (``arithmetic``, ``gsm_symbolic``), or a path to a
     .jsonl / .parquet file: our schema (id, prompt, answer[, source, difficulty]), verl's
     (prompt messages, reward_model.ground_truth, ...) or a public dataset's (see ``format``)."""
@@ -76,12 +76,16 @@ class DataConfig:
     """Prompts generated for a builtin training set (ignored for files)."""
     validation_size: int = 512
     """Validation prompts (generated, or split off a file source; ignored with ``validation``)."""
-    max_prompt_tokens: int = 64
+    max_prompt_tokens: int = 2048
     """Longest prompt in tokens (chat template included); see ``prompt_truncation``."""
     prompt_truncation: Literal["left", "error"] = "left"
     """A longer prompt: ``left`` keeps its last max_prompt_tokens tokens (the question's end
     and the generation prompt); ``error`` refuses the run, naming the prompt."""
-    chat_template: bool = False
+    max_truncated_share: float = 0.05
+    """Largest share of a file's prompts that may be longer than ``max_prompt_tokens``. Below it the
+    run warns once per file with the count and share and truncates them (``prompt_truncation``);
+    above it the run stops, naming the file: most of its prompts would lose their beginning."""
+    chat_template: bool = True
     """Wrap prompts with the tokenizer's chat template."""
 
     def __post_init__(self) -> None:
@@ -99,9 +103,35 @@ class DataConfig:
             self.validation = _validation_sets(self.validation)
         elif self.validation is not None:
             _check_file("validation", self.validation)
+        if not 0.0 <= self.max_truncated_share <= 1.0:
+            raise ConfigError("max_truncated_share", f"must lie in [0, 1], got {self.max_truncated_share}")
         for name in ("train_size", "validation_size", "max_prompt_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+
+
+def missing_files(data: DataConfig) -> list[tuple[str, str]]:
+    """(field, path) of every data file the config names that does not exist (from the directory the
+    command runs in, for a relative path). Not part of validation: configs are validated on
+    machines that lack the data (a login node, a test); the commands that plan or run check it."""
+    named: list[tuple[str, str]] = []
+    if not data.source.startswith(BUILTIN_PREFIX):
+        named.append(("data.source", data.source))
+    if isinstance(data.validation, str):
+        named.append(("data.validation", data.validation))
+    elif isinstance(data.validation, list):
+        named += [(f"data.validation[{i}].path", s.path) for i, s in enumerate(data.validation)]
+    return [(field, path) for field, path in named if not Path(path).is_file()]
+
+
+def check_files(data: DataConfig) -> None:
+    """Raise :class:`ConfigError` naming every missing data file with its field (the first field is
+    the error's); nothing when all exist."""
+    missing = missing_files(data)
+    if missing:
+        listed = "; ".join(f"{field}: {path}: no such file" for field, path in missing)
+        raise ConfigError(missing[0][0], f"{len(missing)} data file(s) missing: {listed} (a relative path is read from the "
+                          f"directory the command runs in, here {Path.cwd()}; --no-data-check skips this check)")
 
 
 def _validation_sets(items: list[Any]) -> list[ValidationSet]:

@@ -8,17 +8,20 @@ so a bad row leaves nothing behind (and an older output untouched).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from megatron_pc.data.formats import AUTO, FORMATS, ColumnMap, resolve_format
+from megatron_pc.data.formats import AUTO, FORMATS, ColumnMap, VerlFormat, resolve_format
 from megatron_pc.data.records import PromptRecord, count_rows, iter_rows, write_jsonl
 from megatron_pc.errors import DataError
 
 __all__ = ["ColumnMap", "FORMATS", "PROGRESS_MIN_ROWS", "IdCheck", "convert_file", "convert_to_jsonl", "read_records"]
+
+logger = logging.getLogger(__name__)
 
 PROGRESS_MIN_ROWS = 5000
 """Files with at least this many rows get a progress bar when one is asked for."""
@@ -57,6 +60,9 @@ def iter_records(path: str | Path, fmt: str = AUTO, progress: bool = False) -> I
     for n, (where, row) in enumerate(rows, start=1):
         if not isinstance(row, dict):
             raise DataError(f"{where}: field '<row>': must be an object, got {type(row).__name__}")
+        if n == 1 and isinstance(form, VerlFormat) and form.agent_fields(row):
+            logger.warning("%s: has verl's agent columns (%s); they are ignored: each row is read as a single-turn prompt "
+                           "and graded on its final answer, with no tools and no agent loop", path, ", ".join(form.agent_fields(row)))
         record = form.record(row, n, where)
         duplicate = ids.problem(record, where)
         if duplicate:
@@ -83,6 +89,9 @@ def convert_to_jsonl(path: str | Path, fmt: str, out: str | Path, progress: bool
     Every row is read and checked before ``out`` appears: on any error nothing is written.
     """
     out = Path(out)
+    if out.suffix.lower() != ".jsonl":
+        raise DataError(f"{out}: data convert writes our schema as JSON lines, so the output must be named .jsonl "
+                        f"(got {out.suffix or 'no suffix'}); training reads that .jsonl as it is")  # fmt: skip
     records = read_records(path, fmt, progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Same directory as out, so the final rename stays on one filesystem (atomic).
@@ -90,11 +99,21 @@ def convert_to_jsonl(path: str | Path, fmt: str, out: str | Path, progress: bool
     os.close(fd)
     try:
         write_jsonl(records, tmp)
+        # mkstemp makes the file 0600; the output gets the mode any new file would (0644 under umask 022),
+        # so that teammates on shared storage can read it.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return len(records)
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _with_bar(rows: Iterator[tuple[str, object]], path: Path) -> Iterator[tuple[str, object]]:

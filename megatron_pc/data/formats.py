@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from megatron_pc.data.records import PromptRecord, columns, record_from_row
 from megatron_pc.errors import DataError
 
-__all__ = ["AUTO", "ColumnMap", "FORMATS", "Format", "detect_format", "resolve_format"]
+__all__ = ["AUTO", "ColumnMap", "FORMATS", "Format", "VerlFormat", "closest_formats", "detect_format", "resolve_format"]
 
 AUTO = "auto"
 """The format setting that detects the format from the file's columns."""
@@ -35,6 +35,8 @@ class Format(Protocol):
     name: str
     needs: frozenset[str]
     """Top-level columns that identify the format (all present: the format may be meant)."""
+    required: frozenset[str]
+    """Top-level columns without which no row of the file can be read in this format."""
 
     def record(self, row: dict[str, Any], n: int, where: str) -> PromptRecord:
         """Our record of raw row number ``n`` (1-based); ``where`` (``file:row N``) starts errors."""
@@ -53,6 +55,7 @@ class OursFormat:
 
     name: str = "ours"
     needs: frozenset[str] = frozenset({"id", "prompt", "answer"})
+    required: frozenset[str] = needs
 
     def record(self, row: dict[str, Any], n: int, where: str) -> PromptRecord:
         """The row validated as our schema."""
@@ -77,6 +80,15 @@ class VerlFormat:
 
     name: str = "verl"
     needs: frozenset[str] = frozenset({"prompt", "reward_model"})
+    required: frozenset[str] = needs
+    agent_columns: tuple[str, ...] = ("agent_name", "tools_kwargs", "interaction_kwargs")
+    """Columns (top-level or in ``extra_info``) of verl's multi-turn agent datasets, which we read
+    as single-turn prompts: the tools and the agent loop are not run."""
+
+    def agent_fields(self, row: dict[str, Any]) -> list[str]:
+        """The agent columns a row holds (``extra_info.tools_kwargs`` named so)."""
+        extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+        return [c for c in self.agent_columns if c in row] + [f"extra_info.{c}" for c in self.agent_columns if c in extra]
 
     def record(self, row: dict[str, Any], n: int, where: str) -> PromptRecord:
         """Our record of a verl row; a ground truth that is a list, empty or missing is refused."""
@@ -164,6 +176,11 @@ class ColumnFormat:
         """Every column of the map."""
         return frozenset(c for c in (self.cols.prompt, self.cols.answer, self.cols.difficulty, self.cols.id) if c)
 
+    @property
+    def required(self) -> frozenset[str]:  # type: ignore[override]
+        """The prompt and answer columns."""
+        return frozenset({self.cols.prompt, self.cols.answer})
+
     def record(self, row: dict[str, Any], n: int, where: str) -> PromptRecord:
         """Our record of one dataset row."""
         cols = self.cols
@@ -215,8 +232,9 @@ FORMATS: dict[str, Format] = {
 def detect_format(path: str | Path) -> Format:
     """The one format whose identifying columns ``path`` has (a .jsonl file: its first row's).
 
-    None or several is a DataError, except that a file with some of our schema's fields is read
-    as ours, so that the missing one is named with its row.
+    None or several is a DataError that lists the formats, closest first, with the columns each
+    lacks; except that a file lacking just one of our schema's fields is read as ours, so that the
+    missing one is named with its row.
     """
     present = set(columns(path))
     if not present:
@@ -224,20 +242,33 @@ def detect_format(path: str | Path) -> Format:
     matches = [f.name for f in FORMATS.values() if f.needs <= present]
     if len(matches) == 1:
         return FORMATS[matches[0]]
-    if not matches and present & FORMATS["ours"].needs:
+    if not matches and len(FORMATS["ours"].needs - present) == 1:
         # Most likely our schema with a field missing: its reader names the field and the row.
         return FORMATS["ours"]
     if not matches:
-        wanted = "; ".join(f"{f.name}: {', '.join(sorted(f.needs))}" for f in FORMATS.values())
         raise DataError(f"{path}: no known format has these columns ({', '.join(sorted(present)) or 'none'}); "
-                        f"the formats need: {wanted}")  # fmt: skip
+                        f"the known formats, closest first: {closest_formats(present)}; name one with data.format (or --format) "
+                        "once the columns are renamed, or convert the file (docs/data.md)")  # fmt: skip
     raise DataError(f"{path}: the columns fit several formats ({', '.join(matches)}); name one (data.format, or --format)")
 
 
+def closest_formats(present: set[str]) -> str:
+    """Every format with the columns it lacks, fewest lacking first (ties: most columns shared)."""
+    ranked = sorted(FORMATS.values(), key=lambda f: (len(f.needs - present), -len(f.needs & present)))
+    return "; ".join(f"{f.name} lacks {', '.join(sorted(f.needs - present))}" for f in ranked)
+
+
 def resolve_format(path: str | Path, fmt: str) -> Format:
-    """The format named ``fmt``, or the detected one for ``auto``."""
+    """The format named ``fmt``, or the detected one for ``auto``. A named format whose required
+    columns the file lacks is refused once for the file, not once per row."""
     if fmt == AUTO:
         return detect_format(path)
     if fmt not in FORMATS:
         raise DataError(f"unknown dataset format {fmt!r}; known: {', '.join([AUTO, *FORMATS])}")
-    return FORMATS[fmt]
+    form = FORMATS[fmt]
+    present = set(columns(path))
+    lacking = form.required - present
+    if present and lacking:
+        raise DataError(f"{path}: format {fmt} needs the columns {', '.join(sorted(lacking))}, which the file lacks "
+                        f"(its columns: {', '.join(sorted(present))}); the known formats, closest first: {closest_formats(present)}")
+    return form

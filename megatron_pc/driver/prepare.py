@@ -15,9 +15,10 @@ from megatron_pc.console import CONSOLE
 from megatron_pc.data.loading import load_prompt_sets
 from megatron_pc.data.records import PromptRecord
 from megatron_pc.data.tokenize import encode_prompt
+from megatron_pc.data.truncation import check_truncation
 from megatron_pc.errors import ConfigError
 from megatron_pc.fields import flatten
-from megatron_pc.models.config import ModelConfig
+from megatron_pc.models.config import TINY_MODEL_PATH, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def ensure_model(cfg: Config) -> Path:
     path = Path(cfg.model.path)
     if (path / "config.json").is_file():
         return path
-    make = cfg.model.make or ("tiny" if cfg.model.path == ModelConfig().path else None)
+    make = cfg.model.make or ("tiny" if cfg.model.path == TINY_MODEL_PATH else None)
     if make is None:
         raise ConfigError("model.path", f"{path} is not a Hugging Face model directory (no config.json); "
                           "set model.make (tiny | smollm2) to have it made")  # fmt: skip
@@ -105,19 +106,17 @@ def prepare(cfg: Config) -> RunData:
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     check_tokenizer(tokenizer, model_path, cfg.data.chat_template)
 
-    def encode(records: list[PromptRecord]) -> list[list[int]]:
+    def encode(records: list[PromptRecord], where: str) -> list[list[int]]:
         limit = cfg.data.max_prompt_tokens
-        out = []
-        for r in records:
-            ids = encode_prompt(r, tokenizer, 10**9 if cfg.data.prompt_truncation == "error" else limit, cfg.data.chat_template)
-            if len(ids) > limit:
-                raise ConfigError("data.max_prompt_tokens", f"prompt {r.id!r} has {len(ids)} tokens, more than {limit} "
-                                  "(data.prompt_truncation is error; raise the limit or set it to left)")  # fmt: skip
-            out.append(ids)
-        return out
+        full = [encode_prompt(r, tokenizer, 10**9, cfg.data.chat_template) for r in records]
+        warning = check_truncation(where, {r.id: len(ids) for r, ids in zip(records, full)}, limit, cfg.data.max_truncated_share,
+                                   truncate=cfg.data.prompt_truncation == "left")  # fmt: skip
+        if warning:
+            logger.warning("%s", warning, extra=CONSOLE)
+        return [ids[-limit:] for ids in full]
 
-    train_tokens = encode(train)
-    val_sets = [ValidationData(name, records, encode(records)) for name, records in sets.items()]
+    train_tokens = encode(train, f"data.source ({cfg.data.source})")
+    val_sets = [ValidationData(name, records, encode(records, f"validation set {name}")) for name, records in sets.items()]
     val = [r for s in val_sets for r in s.records]
     val_tokens = [t for s in val_sets for t in s.tokens]
     longest = max(len(t) for t in train_tokens + val_tokens)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from megatron_pc import console
 from megatron_pc.config import load_config
-from megatron_pc.config_cli import split_config_args
+from megatron_pc.config_cli import resolve_config_args
 
 logger = logging.getLogger(__name__)
 
@@ -28,12 +28,14 @@ requeued; it resumes by itself from the newest complete checkpoint."""
 def main(argv: list[str] | None = None) -> int:
     """Train; 0 when the run finished, PREEMPTED_EXIT when it stopped on a signal."""
     parser = argparse.ArgumentParser(prog="megatron-pc train", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
-    parser.add_argument("config", nargs="?", help="experiment YAML (default: the embedded tiny CPU configuration)")
+    parser.add_argument("config", nargs="?", help="experiment YAML or a name in configs/ (qwen3_14b); default: the tiny CPU run "
+                        "(configs/tiny_cpu.yaml), or with your own data.source the dataclass defaults")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. allocation.strategy=grpo")
     parser.add_argument("--verbose", action="store_true",
                         help="show every log line (vLLM, Megatron, Ray, warnings) on the console; by default they go to train.log only")
     args = parser.parse_args(argv)
-    cfg = load_config(*split_config_args(args.config, args.overrides))
+    path, overrides, note = resolve_config_args(args.config, args.overrides)
+    cfg = load_config(path, overrides)
 
     from megatron_pc.driver.prepare import prepare, record_config
     from megatron_pc.driver.trainer import Trainer
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = f" or {cfg.training.rollout_budget:,} rollouts, whichever comes first" if cfg.training.rollout_budget else ""
     console.to_console(logger, "megatron-pc train %s: %s, %d steps%s, run directory %s (log: train.log%s)", cfg.name,
                        cfg.allocation.strategy, cfg.training.steps, budget, run_dir, "" if args.verbose else "; --verbose shows it here")
+    if note:
+        console.to_console(logger, "%s", note)
     from megatron_pc.cluster.nodes import NodeLostError
 
     data = prepare(cfg)

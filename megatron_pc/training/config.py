@@ -10,34 +10,34 @@ from megatron_pc.errors import ConfigError
 
 @dataclass
 class TrainingConfig:
-    """Optimizer, schedule and policy loss. Defaults: the tiny CPU run (see CPU_RL_NOTES)."""
+    """Optimizer, schedule and policy loss. Defaults: the Qwen3-4B recipe (configs/qwen3_4b.yaml)."""
 
-    steps: int = 60
+    steps: int = 500
     """Optimizer steps in the run."""
-    lr: float = 5e-5
+    lr: float = 1e-6
     """Peak learning rate (reference runs at scale: 1e-6). Tiny CPU model: 5e-5 measured best;
     3e-4 moved a sequence's log-prob by ~3 nats per step and validation accuracy fell."""
-    warmup_steps: int = 0
+    warmup_steps: int = 10
     """Linear warm-up steps."""
-    weight_decay: float = 0.0
+    weight_decay: float = 0.1
     """AdamW weight decay (reference runs: 0.1)."""
     adam_beta1: float = 0.9
     """AdamW beta1."""
-    adam_beta2: float = 0.99
+    adam_beta2: float = 0.999
     """AdamW beta2."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
     mini_batch: int = 32
     """Size of one optimizer update within a step, in ``mini_batch_unit`` (default: prompts, so
     train_batch / mini_batch updates per step)."""
-    mini_batch_unit: Literal["groups", "call_rollouts"] = "groups"
+    mini_batch_unit: Literal["groups", "call_rollouts"] = "call_rollouts"
     """What ``mini_batch`` counts. ``groups``: training groups (prompts), so every update holds
     whole groups. ``call_rollouts``: the reference recipe's rule (verl multiplies the mini-batch
     by the rollouts per prompt of a generation call): mini_batch x commit_n rollouts for
     Pilot-Commit, mini_batch x n for GRPO and DAPO. With train_batch 128, n 128 = 32 + 96 and
     mini_batch 32 a PC step then takes 6 updates (5 full, the last a third, its loss scaled by
     that share) and a GRPO step 4."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = 6144
     """Token budget of one packed micro-batch."""
     logprob_chunk_tokens: int | None = 1024
     """Positions whose fp32 log-softmax is computed at once (megatron_pc/training/logprobs.py):
@@ -89,7 +89,7 @@ class TrainingConfig:
     """Divide group advantages by the group's reward std (GRPO)."""
     tis_cap: float | None = None
     """Truncated importance weight against the generating engine's log-probs; None: off."""
-    validate_every: int = 20
+    validate_every: int = 5
     """Validation every K steps (and at the start and the end)."""
     validate_every_rollouts: int | None = None
     """Validation on a rollout schedule instead: at the end of each step whose generated rollouts
@@ -99,7 +99,7 @@ class TrainingConfig:
     rollout_budget: int | None = None
     """Stop after the step whose cumulative generated rollouts reach this many (``steps`` stays
     the most steps run). None: run ``steps`` steps."""
-    save_every: int = 10
+    save_every: int = 20
     """Checkpoint every K steps (and on SIGTERM/SIGUSR1)."""
     keep_checkpoints: int = 2
     """Complete checkpoints kept in the run directory (older ones are deleted)."""

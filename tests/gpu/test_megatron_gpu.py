@@ -20,11 +20,13 @@ import torch
 
 from helpers.models import bits as _bits
 from helpers.models import make_hf_model, random_sequences
+from helpers.tiny import tiny_training
 from megatron_pc import platform
 from megatron_pc.models.config import ModelConfig
 from megatron_pc.models.provider import transformer_engine_available
 from megatron_pc.training.batching import Sequence
 from megatron_pc.training.config import TrainingConfig
+from megatron_pc.training.launch import free_port
 
 pytestmark = pytest.mark.gpu
 
@@ -136,7 +138,7 @@ def test_bf16_train_step_keeps_fp32_main_params_and_moves_weights_toward_advanta
     from megatron_pc.training.worker import PolicyWorker
 
     seqs = _sequences()
-    worker = PolicyWorker(_model_cfg(hf_dirs["qwen2"]), TrainingConfig(lr=LR, micro_batch_tokens=64, dual_clip=None))
+    worker = PolicyWorker(_model_cfg(hf_dirs["qwen2"]), tiny_training(lr=LR, micro_batch_tokens=64, dual_clip=None))
     worker.load_hf()
     # Mixed precision: the optimizer updates fp32 copies and writes them back into bf16 weights.
     assert {p.dtype for g in worker.optimizer.param_groups for p in g["params"]} == {torch.float32}

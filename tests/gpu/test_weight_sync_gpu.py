@@ -220,10 +220,10 @@ def _engine_scores(model_dir: str, spec: Any, queue: Any, count: int, seqs: list
     """A real vLLM engine (TP ``tp``) whose workers join the per-GPU CUDA IPC channels of
     ``spec`` (each the one on its GPU) and receive ``count`` buckets themselves
     (collective_rpc), then the same weights plainly."""
-    from megatron_pc.rollout.config import RolloutConfig
+    from helpers.tiny import tiny_rollout
     from megatron_pc.rollout.vllm_engine import VllmEngine
 
-    config = RolloutConfig(dtype="bfloat16", gpu_memory_utilization=0.3, max_num_seqs=8, tensor_parallel=tp)
+    config = tiny_rollout(dtype="bfloat16", gpu_memory_utilization=0.3, max_num_seqs=8, tensor_parallel=tp)
     engine = VllmEngine(model_dir, config, name="engine0", seed=0)
     try:
         before = engine.score(seqs)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from helpers.models import VOCAB
+from helpers.tiny import tiny_training
 from megatron_pc.models.config import ModelConfig
 from megatron_pc.training.batching import Sequence
 from megatron_pc.training.config import TrainingConfig
@@ -34,7 +35,7 @@ def train_cfg(**overrides: Any) -> TrainingConfig:
     """A training config for tests: small budget so micro-batches are several."""
     base = dict(lr=1e-3, grad_clip=1.0, micro_batch_tokens=24, dual_clip=None, warmup_steps=0, steps=10)
     base.update(overrides)
-    return TrainingConfig(**base)
+    return tiny_training(**base)
 
 
 # ---- functions run inside spawned processes ---------------------------------------------

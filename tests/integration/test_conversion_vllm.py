@@ -32,10 +32,10 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
 def vllm_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy continuation token ids of vLLM on ``model_dir`` (in-process engine)."""
     from megatron_pc.rollout.base import GenerationRequest, SamplingSettings
-    from megatron_pc.rollout.config import RolloutConfig
+    from helpers.tiny import tiny_rollout
     from megatron_pc.rollout.vllm_engine import VllmEngine
 
-    engine = VllmEngine(model_dir, RolloutConfig(max_tokens=max_new_tokens, max_model_len=128))
+    engine = VllmEngine(model_dir, tiny_rollout(max_tokens=max_new_tokens, max_model_len=128))
     try:
         result = engine.generate([GenerationRequest(tuple(p), 1) for p in prompts],
                                  SamplingSettings(temperature=0.0, max_tokens=max_new_tokens))

@@ -39,10 +39,14 @@ def test_a_tokenizer_without_eos_is_refused(tiny_model_dir: Path, tmp_path: Path
 
 
 def test_a_prompt_over_the_limit_with_truncation_error_names_the_prompt(tiny_model_dir: Path) -> None:
-    ok = prepare(load_config(None, [*SMALL, f"model.path={tiny_model_dir}", "data.max_prompt_tokens=4"]))
+    short = [*SMALL, f"model.path={tiny_model_dir}", "data.max_prompt_tokens=4"]
+    ok = prepare(load_config(None, [*short, "data.max_truncated_share=1"]))
     assert max(len(t) for t in ok.train_tokens) == 4  # left truncation, the default
-    cfg = load_config(None, [*SMALL, f"model.path={tiny_model_dir}", "data.max_prompt_tokens=4", "data.prompt_truncation=error"])
-    with pytest.raises(ConfigError, match=r"prompt 'arithmetic/.*' has \d+ tokens, more than 4"):
+    with pytest.raises(ConfigError, match=r"more than data.max_truncated_share \(5.0%\)") as err:
+        prepare(load_config(None, short))  # every prompt cut: past the default share
+    assert err.value.field == "data.max_prompt_tokens" and "data.source (builtin:arithmetic)" in str(err.value)
+    cfg = load_config(None, [*short, "data.prompt_truncation=error"])
+    with pytest.raises(ConfigError, match=r"prompt 'arithmetic/.*' has \d+ tokens"):
         prepare(cfg)
 
 

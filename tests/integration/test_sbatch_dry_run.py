@@ -85,6 +85,7 @@ def _job_env(cluster: Cluster, spy: Path, tmp_path: Path, **extra: str) -> dict[
         "SLURM_SUBMIT_DIR": str(REPO),
         "MPC_RUN_ROOT": str(tmp_path / "runs"),
         "MPC_RAY_TMP": f"/tmp/mpc-test-{os.getpid()}",
+        "MPC_NO_DATA_CHECK": "1",  # the paper configs' data files are not in the checkout
     }
     env.update(extra)
     return env
@@ -115,7 +116,8 @@ def test_dry_run_of_pc_14b_prints_the_8_node_plan_and_the_commands_and_starts_no
     assert f"megatron-pc train {REPO}/configs/qwen3_14b.yaml run_dir={run_dir} allocation.strategy=pilot_commit" in out
     assert "driver exit 75 -> ray stop, scontrol requeue 4242" in out
     # Only the planner ran: no Ray, no srun, no driver, no directories.
-    assert _spied(tmp_path) == [f"megatron-pc plan {REPO}/configs/qwen3_14b.yaml --nodes 8 --gpus-per-node 8 allocation.strategy=pilot_commit"]
+    assert _spied(tmp_path) == [f"megatron-pc plan {REPO}/configs/qwen3_14b.yaml --nodes 8 --gpus-per-node 8 --no-data-check "
+                                "allocation.strategy=pilot_commit"]
     assert not run_dir.exists() and not Path(f"/tmp/mpc-test-{os.getpid()}").exists()
 
 
@@ -228,7 +230,8 @@ def test_dry_run_with_mpc_container_puts_every_python_command_in_the_image_throu
     mounts = f"--container-mounts={REPO}:{REPO},{run_root}:{run_root},/models:/models"
     in_image = f"--overlap --nodes=1 --ntasks=1 -w h200-1 --container-image={image} {mounts} --container-workdir={REPO}"
     # The planner ran in the image on the head node (srun is the stand-in, so it printed no plan).
-    assert _spied(tmp_path) == [f"srun {in_image} megatron-pc plan {REPO}/configs/qwen3_14b.yaml --nodes 8 --gpus-per-node 8 allocation.strategy=pilot_commit"]
+    assert _spied(tmp_path) == [f"srun {in_image} megatron-pc plan {REPO}/configs/qwen3_14b.yaml --nodes 8 --gpus-per-node 8 "
+                                "--no-data-check allocation.strategy=pilot_commit"]
     out = proc.stdout.replace("\\#", "#").replace("\\,", ",")  # the dry run prints commands shell-quoted
     # The head holds the node's CPUs and GPUs in its own step and blocks (a step's processes end with it).
     head = f"srun --overlap --nodes=1 --ntasks=1 -w h200-1 --cpus-per-task=96 --gpus-per-node=8 --container-image={image} {mounts}"
@@ -298,3 +301,23 @@ def test_container_gpu_job_checks_cuda_in_the_image_in_a_step_that_sees_the_gpus
     cuda = next(i for i, c in enumerate(calls) if c.startswith("python -c import sys, torch"))
     assert calls[cuda - 1].startswith("srun --overlap --nodes=1 --ntasks=1 -w n1 --cpus-per-task=96 --gpus-per-node=8 --container-image=registry#megatron-pc:gpu")
     assert any(c.startswith("megatron-pc train") for c in calls[cuda:])  # the check came before the driver
+
+
+def test_missing_data_files_stop_the_job_before_ray_naming_each_file(cluster: Cluster, spy_bin: Path, tmp_path: Path) -> None:
+    env = _job_env(cluster, spy_bin, tmp_path, MPC_DRY_RUN="1")
+    del env["MPC_NO_DATA_CHECK"]
+    proc = _bash("pc_14b", env)
+    assert proc.returncode == 2, proc.stderr
+    assert "data.validation[6].path: data/olympiadbench.jsonl: no such file" in proc.stderr
+    assert "nothing was started" in proc.stderr.splitlines()[-1]
+    assert not any(line.startswith(("ray", "srun")) for line in _spied(tmp_path))
+
+
+def test_a_dry_run_where_scontrol_cannot_read_slurm_conf_shows_scontrols_own_error(spy_bin: Path, tmp_path: Path) -> None:
+    # Outside a cluster (no SLURM_CONF, no /etc/slurm/slurm.conf) scontrol cannot expand the node list.
+    env = _cpu_job_env(spy_bin, tmp_path, MPC_DRY_RUN="1", SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="cpu-[1-2]")
+    proc = _bash("pc_tiny_cpu", env)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert "scontrol show hostnames cpu-[1-2] failed: scontrol: " in last and "slurm.conf" in last
+    assert "names 0 nodes" not in proc.stderr

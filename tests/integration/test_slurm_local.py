@@ -2,12 +2,15 @@
 
 Needs root and slurm-wlm + munge (``slurm/local/install.sh``); the daemons are started once
 for the module and stopped in the fixture's teardown, which also checks that none is left.
+Without them every SLURM test FAILS naming the command to run as root (:func:`require_cluster_packages`):
+an install without root skips the packages, and the tests must not pass silently.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import socket
 import subprocess
 import time
@@ -20,6 +23,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+INSTALL = REPO / "slurm" / "local" / "install.sh"
 START = REPO / "slurm" / "local" / "start.sh"
 STOP = REPO / "slurm" / "local" / "stop.sh"
 # Ports used by one cluster: slurmctld P, slurmd P+1, and B+1.. B+108 for named nodes.
@@ -73,8 +77,23 @@ def _client_env(run_dir: Path) -> dict[str, str]:
     return env
 
 
+CLUSTER_PACKAGES = ("slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "munged", "munge", "unmunge")
+"""The binaries slurm/local/install.sh installs (slurm-wlm, munge)."""
+
+
+def require_cluster_packages() -> None:
+    """Fail (never skip) when the local cluster cannot start here, naming what to run as root."""
+    missing = [cmd for cmd in CLUSTER_PACKAGES if shutil.which(cmd) is None]
+    root = subprocess.run(["bash", str(INSTALL), "--root-command"], capture_output=True, text=True, timeout=30).stdout.strip()
+    if missing:
+        pytest.fail(f"the local SLURM cluster's packages are not installed (missing {', '.join(missing)}); as root run: {root}")
+    if os.geteuid() != 0:
+        pytest.fail(f"the local SLURM cluster needs root (munged runs as the munge user); run these tests as root, "
+                    f"after (as root): {root}")
+
+
 def _start(run_dir: Path, *options: str) -> Cluster:
-    assert os.geteuid() == 0, "the local SLURM cluster needs root (munged runs as the munge user)"
+    require_cluster_packages()
     port, base = _free_ports()
     args = [str(START), str(run_dir), "--port", str(port), "--node-port-base", str(base), *options]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120)

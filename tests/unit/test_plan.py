@@ -39,7 +39,7 @@ def config_14b(tmp_path: Path) -> Path:
 
 
 def plan(config: Path, *args: str) -> int:
-    return cli_main(["plan", str(config), *args])
+    return cli_main(["plan", str(config), "--no-data-check", *args])
 
 
 def test_qwen3_14b_colocated_on_8_nodes_of_8_h200_fits_and_prints_the_plan(config_14b: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -190,7 +190,7 @@ def test_without_max_model_len_the_engines_hold_the_models_own_limit(tmp_path: P
         "intermediate_size": 256, "vocab_size": 128, "max_position_embeddings": 96,
     }))  # fmt: skip
     config = tmp_path / "tiny.yaml"
-    config.write_text(f"model: {{path: {model}}}\n")
+    config.write_text(f"model: {{path: {model}}}\nrollout: {{max_model_len: null}}\n")
     assert plan(config, "--nodes", "1", "--gpus-per-node", "1") == 0
     assert "sequences of 96)" in capsys.readouterr().out
 

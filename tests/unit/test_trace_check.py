@@ -8,14 +8,15 @@ import pytest
 
 from megatron_pc.allocation import build_strategy
 from megatron_pc.allocation.check import check_trace
-from megatron_pc.allocation.config import AllocationConfig, PilotConfig
+from megatron_pc.allocation.config import AllocationConfig, BufferConfig, PilotConfig
 from megatron_pc.allocation.trace import ListTrace
 
 from allocation_helpers import BernoulliPolicy, run_steps, spread_rates
 
 
 def _trace(strategy: str) -> tuple[AllocationConfig, list[dict]]:
-    cfg = AllocationConfig(strategy=strategy, train_batch=6, n=8, pilot=PilotConfig(n=4, batch=12), max_rounds=20)
+    cfg = AllocationConfig(strategy=strategy, train_batch=6, n=8, pilot=PilotConfig(n=4, batch=12), max_rounds=20,
+                           buffer=BufferConfig(age_rule="strict"))
     trace = ListTrace()
     run_steps(build_strategy(cfg, 90, 5, trace=trace), BernoulliPolicy(spread_rates(90, 5, easy=0.1, hard=0.1), 5), 12)
     return cfg, trace.events

@@ -100,15 +100,15 @@ def test_builtin_source_with_validation_sets_draws_only_train_size_prompts(tmp_p
     drawn = arithmetic_prompts(50, seed=7)
     a = _write_jsonl(tmp_path / "a.jsonl", [r.to_row() for r in drawn[:3]])
     b = _write_jsonl(tmp_path / "b.jsonl", [r.to_row() for r in drawn[3:4]])
-    train, sets = load_prompt_sets(DataConfig(train_size=50, validation=[str(a), str(b)]), seed=7)
+    train, sets = load_prompt_sets(DataConfig(source="builtin:arithmetic", train_size=50, validation=[str(a), str(b)]), seed=7)
     assert len(train) == 46 and [len(v) for v in sets.values()] == [3, 1]
 
 
 def test_split_and_single_file_forms_give_one_set(tmp_path: Path) -> None:
-    _, split = load_prompt_sets(DataConfig(train_size=20, validation_size=5), seed=1)
+    _, split = load_prompt_sets(DataConfig(source="builtin:arithmetic", train_size=20, validation_size=5), seed=1)
     assert list(split) == ["validation"] and len(split["validation"]) == 5
     v = _write_jsonl(tmp_path / "held.jsonl", [{"id": "v", "prompt": "1+1=", "answer": "2"}])
-    _, single = load_prompt_sets(DataConfig(train_size=20, validation=str(v)), seed=1)
+    _, single = load_prompt_sets(DataConfig(source="builtin:arithmetic", train_size=20, validation=str(v)), seed=1)
     assert [(name, [r.id for r in records]) for name, records in single.items()] == [("held", ["v"])]
 
 
