@@ -146,10 +146,11 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _prime_torch_adam(optimizer: Any) -> None:
-    """Give a fresh torch Adam (the CPU path: no Apex, no TE) zero moments and step 0. The
-    distributed optimizer's loading state dict reads the step out of the Adam state, which a
-    fresh optimizer lacks (``assert len(steps) == 1`` in ``DistributedOptimizer.state_dict``);
-    the load then overwrites all of it."""
+    """Give a fresh torch Adam (the CPU path: no Apex, no TE) zero moments and step 0, what its
+    first update would create. The distributed optimizer's state dict reads the step out of the
+    Adam state, which a fresh optimizer lacks (``assert len(steps) == 1`` in
+    ``DistributedOptimizer.state_dict``): for a load, which then overwrites all of it, and for a
+    save before the first update."""
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = opt.optimizer
         if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
@@ -185,7 +186,9 @@ def _load_optimizer(optimizer: Any, state: Any) -> None:
 
 def _state(worker: Any, is_loading: bool, with_optimizer: bool) -> dict[str, Any]:
     model_sd = worker.module.sharded_state_dict()
-    if with_optimizer and is_loading:
+    if with_optimizer:
+        # Loading: the state to load into. Saving before the first update (a step whose train
+        # batch was empty): the state a first update would create, zero moments at step 0.
         _prime_torch_adam(worker.optimizer)
     state: dict[str, Any] = {"model": model_sd}
     if with_optimizer:
