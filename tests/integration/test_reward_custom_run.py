@@ -60,7 +60,7 @@ def test_a_custom_reward_file_with_float_and_dict_returns_trains_two_steps(
     reward, train, val = task
     run = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "megatron_pc", "train", f"run_dir={run}", f"model.path={tiny_model_dir}",
+        sys.executable, "-m", "megatron_pc", "train", "configs/tiny_cpu.yaml", f"run_dir={run}", f"model.path={tiny_model_dir}",
         f"data.source={train}", f"data.validation={val}", f"allocation.strategy={strategy}",
         f"reward.function={reward}:float_score", f"reward.by_source.dicty={reward}:dict_score",
         "training.steps=2", "training.validate_every=2", "training.val_samples=2", "allocation.train_batch=8",
