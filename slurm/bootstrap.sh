@@ -89,7 +89,7 @@ source "$repo/slurm/lib/container.sh"
 # environment (the image, or the venv), so it detects Transformer Engine where the ranks will run
 # and refuses a layer spec that needs TE there (docs/gpu_install.md), before Ray starts.
 if [ "$gpus_per_node" -gt 0 ]; then
-    say "planning $config for $nodes nodes x $gpus_per_node GPUs (Transformer Engine detected in the job's environment)"
+    say "planning $config for $nodes nodes x $gpus_per_node GPUs, in the job's own environment (where the ranks will look for Transformer Engine)"
     plan_rc=0
     "${in_image[@]}" megatron-pc plan "$config" --nodes "$nodes" --gpus-per-node "$gpus_per_node" ${data_check[@]+"${data_check[@]}"} "${overrides[@]}" || plan_rc=$?
     if [ "$plan_rc" -ne 0 ]; then

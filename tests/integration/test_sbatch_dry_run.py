@@ -293,7 +293,8 @@ def test_container_job_runs_each_step_in_the_image_and_usr1_still_checkpoints_an
 def test_container_gpu_job_checks_cuda_in_the_image_in_a_step_that_sees_the_gpus(spy_bin: Path, tmp_path: Path) -> None:
     (spy_bin / "srun").write_text(PASS_THROUGH_SRUN)
     env = _cpu_job_env(spy_bin, tmp_path, MPC_CONTAINER="registry#megatron-pc:gpu", SLURMD_NODENAME="n1",
-                       SLURM_GPUS_ON_NODE="8", SLURM_CPUS_ON_NODE="96", FAKE_DRIVER_EXIT="0")  # fmt: skip
+                       SLURM_GPUS_ON_NODE="8", SLURM_CPUS_ON_NODE="96", FAKE_DRIVER_EXIT="0",
+                       MPC_NO_DATA_CHECK="1")  # the paper config's data files are not in the checkout  # fmt: skip
     proc = _bash("pc_1.5b", env)
     assert proc.returncode == 0, proc.stderr
     calls = _spied(tmp_path)
