@@ -21,6 +21,16 @@ class StoredBucket(BucketPayload):
     tensors: list[torch.Tensor]
 
 
+def owned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the CPU in storage of its own size. A tensor pickles with its whole storage,
+    and a parameter of Megatron's distributed optimizer is a view into the contiguous buffer of all
+    parameters: sent as it is, every bucket would carry the whole model."""
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.untyped_storage().nbytes() != tensor.nbytes:
+        tensor = tensor.clone()
+    return tensor
+
+
 class ObjectStoreSender(Sender):
     """Policy rank 0: yields buckets as payloads, at most ``window`` unacknowledged at once."""
 
@@ -28,7 +38,7 @@ class ObjectStoreSender(Sender):
     on_cpu = True
 
     def _send(self, index: int, bucket: Bucket) -> Iterator[BucketPayload]:
-        payload = StoredBucket(self.sync, index, bucket_meta(bucket), [t.detach().cpu().contiguous() for _, t in bucket])
+        payload = StoredBucket(self.sync, index, bucket_meta(bucket), [owned_copy(t) for _, t in bucket])
         self.window.admit(payload)  # waits for bucket index - window to be acknowledged
         yield payload  # the streaming generator puts it into the object store here
 

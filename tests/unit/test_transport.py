@@ -175,3 +175,20 @@ def test_a_per_gpu_bucket_gives_each_worker_the_share_on_its_gpu_and_refuses_mix
         spec.for_gpu("GPU-c", "engine0.tp0")
     plain = ChannelSpec("broadcast", "10.0.0.1:7", 3, 5, 60.0)
     assert plain.for_gpu("GPU-a", "engine1.tp0") is plain
+
+
+def test_an_object_store_payload_of_views_into_one_buffer_pickles_to_its_own_size_not_the_buffers() -> None:
+    # Megatron's distributed optimizer keeps every parameter as a view into one contiguous buffer;
+    # a pickled view carries its whole storage, so a bucket of views would carry the whole model.
+    import pickle
+
+    from megatron_pc.weight_sync.object_store import ObjectStoreSender, StoredBucket
+    from megatron_pc.weight_sync.rendezvous import Rendezvous
+
+    buffer = torch.arange(1_000_000, dtype=torch.float32)
+    bucket = [("model.layers.0.mlp.up_proj.weight", buffer[100:200].view(10, 10)), ("model.norm.weight", buffer[-10:])]
+    sender = ObjectStoreSender(Rendezvous.__new__(Rendezvous), ["engine_0"])  # one bucket: no acknowledgement awaited
+    (payload,) = list(sender._send(0, bucket))
+    assert isinstance(payload, StoredBucket)
+    assert [torch.equal(t, view) for t, (_, view) in zip(payload.tensors, bucket)] == [True, True]
+    assert len(pickle.dumps(payload)) < 10_000  # the buffer alone is 4 MB
