@@ -29,6 +29,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.long  # a benchmark of five real runs and a resume: about 5 min on a quiet 2-core machine; kept out of CI
 def test_bench_step_runs_each_strategy_and_reports_its_accounting(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     common = ["configs/tiny_cpu.yaml", *FAST, f"model.path={tiny_model_dir}", "allocation.on_round_limit=train_partial", "training.save_every=2"]

@@ -35,7 +35,7 @@ SMALL = [
 
 # DAPO's own code (dynamic sampling, overlong shaping) runs on the tiny model in CI; on SmolLM2 it
 # is in the long suite (about 200 s here).
-@pytest.mark.parametrize("strategy", ["pilot_commit", "grpo", pytest.param("dapo", marks=pytest.mark.long)])
+@pytest.mark.parametrize("strategy", ["pilot_commit", pytest.param("grpo", marks=pytest.mark.long), pytest.param("dapo", marks=pytest.mark.long)])
 def test_smollm2_trains_two_steps_of_each_strategy(strategy: str, smollm2_dir: Path, tmp_path: Path) -> None:
     run = tmp_path / strategy
     overrides = [*SMALL, f"allocation.strategy={strategy}", f"model.path={smollm2_dir}", f"run_dir={run}"]
