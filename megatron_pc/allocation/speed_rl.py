@@ -6,7 +6,10 @@ ratio of a prompt's gradient is at most 4 N p (1 - p), so prompts that are alway
 waste their rollouts. SPEED spends ``n_init`` screening rollouts on every new prompt, accepts it
 when ``p_low < pass rate < p_high`` (0 and 1: not all alike), and gives each accepted prompt the
 other ``n - n_init`` rollouts of its group in the next inference call, together with the next
-prompts' screening (its two phases share one call). Knobs: :class:`SpeedRLConfig`.
+prompts' screening (its two phases share one call). Knobs: :class:`SpeedRLConfig`. The authors'
+run scripts screen with 4 rollouts a prompt and continue with 20 (``rollout.n`` = 4 and
+``rollout.n_continue`` = 20 in their 7B RLOO script): ``n_init`` = 4 is theirs, and the group
+size follows the benchmark's shape (n = 64 there: 4 + 60).
 
 In our loop, beside Pilot-Commit (docs/benchmarks.md):
 * screening = a ``pilot`` request, continuation = a ``commit`` request; every rollout is counted;
