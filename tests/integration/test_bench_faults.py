@@ -46,6 +46,7 @@ def test_a_fault_that_is_not_survived_is_reported_and_fails_the_command(tmp_path
 
 
 @pytest.mark.long
+@pytest.mark.timeout(3700)  # the suite runs about 25 minutes; its own limit is 3,600 s, over the 900 s default
 def test_full_fault_suite_survives_every_fault_and_loses_nothing(tmp_path: Path) -> None:
     """The whole suite (about 25 minutes here): every fault injected into real tiny runs."""
     proc = subprocess.run([sys.executable, "-m", "megatron_pc", "bench", "faults", "--json", "--out", str(tmp_path)],
