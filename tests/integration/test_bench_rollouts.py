@@ -52,8 +52,8 @@ def _is_png(path: Path) -> tuple[int, int]:
         return image.size
 
 
-@pytest.mark.long  # a benchmark of 8 trainings and a second call: about 6 min on a quiet 2-core machine; kept out of CI
-@pytest.mark.timeout(1800)  # 8 trainings and a second call: about 13 minutes alone on 2 cores, over the 900 s default
+@pytest.mark.long  # a benchmark, kept out of CI
+@pytest.mark.timeout(1800)  # 8 trainings and a second call: 6 min on a quiet 2-core machine, 13 min loaded; over the 900 s default
 def test_reduced_benchmark_writes_report_summary_and_plots_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = _bench(out, tiny_model_dir)
