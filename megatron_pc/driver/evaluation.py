@@ -49,7 +49,8 @@ class SetScore:
     """Mean correctness of the sampled responses."""
     accuracy_stderr: float
     """Standard error of ``accuracy`` over prompts (see :func:`prompt_stderr`)."""
-    greedy_accuracy: float
+    greedy_accuracy: float | None
+    """Correctness of the greedy responses; None when ``training.val_greedy`` is off."""
     reward_mean: float
     """Mean reward of the sampled responses."""
     at_k: dict[str, float]
@@ -108,7 +109,7 @@ class Answer:
 class Evaluator:
     """Validation on every set: ``n`` sampled responses per prompt (the set's n, temperature and
     top_p, defaulting to ``training.val_samples`` and the rollout's) with a fixed seed, so
-    evaluations differ only by the policy, and one greedy response.
+    evaluations differ only by the policy, and one greedy response (``training.val_greedy``).
 
     Metrics: ``val_accuracy``, ``val_accuracy_stderr``, ``val_greedy_accuracy``,
     ``val_reward_mean``: the unweighted mean over the sets (the set's own values for one set);
@@ -141,7 +142,8 @@ class Evaluator:
         """Sampled and greedy figures of one set under the current policy (its answers written
         when there is an ``answers_dir``)."""
         sampled = self._generate(plan, plan.n, plan.sampling)
-        greedy = self._generate(plan, 1, replace(plan.sampling, temperature=0.0, seed=None))
+        with_greedy = self.cfg.training.val_greedy
+        greedy = self._generate(plan, 1, replace(plan.sampling, temperature=0.0, seed=None)) if with_greedy else [[] for _ in sampled]
         per_prompt = [sum(a.result.correct for a in group) / len(group) for group in sampled]
         flat = [a.result for group in sampled for a in group]
         self.last_rows[plan.name] = rows = answer_rows(step, plan, sampled, greedy)
@@ -150,7 +152,7 @@ class Evaluator:
         return SetScore(
             accuracy=sum(r.correct for r in flat) / len(flat),
             accuracy_stderr=prompt_stderr(per_prompt),
-            greedy_accuracy=sum(a.result.correct for group in greedy for a in group) / len(greedy),
+            greedy_accuracy=sum(a.result.correct for group in greedy for a in group) / len(greedy) if with_greedy else None,
             reward_mean=sum(r.reward for r in flat) / len(flat),
             at_k=at_k_metrics([[a.result.reward for a in g] for g in sampled], [[a.result.correct for a in g] for g in sampled],
                               [[extract_answer(a.text) for a in g] for g in sampled]),  # fmt: skip
@@ -160,13 +162,17 @@ class Evaluator:
         """Validation metrics of the current policy."""
         scores = {plan.name: self.score(plan, step) for plan in self.plans}
         metrics = summarize(scores, per_set=self.per_set)
-        detail = "".join(f"; {name}: {s.accuracy:.3f} (greedy {s.greedy_accuracy:.3f})" for name, s in scores.items()) if self.per_set else ""
+        detail = "".join(f"; {name}: {s.accuracy:.3f}{_greedy_text(s.greedy_accuracy, ' (greedy {:.3f})')}" for name, s in scores.items()) if self.per_set else ""
         logger.info(
-            "step %d validation: sampled accuracy %.3f +- %.3f, greedy %.3f%s",
-            step, metrics["val_accuracy"], metrics["val_accuracy_stderr"], metrics["val_greedy_accuracy"], detail,
+            "step %d validation: sampled accuracy %.3f +- %.3f%s%s",
+            step, metrics["val_accuracy"], metrics["val_accuracy_stderr"], _greedy_text(metrics.get("val_greedy_accuracy"), ", greedy {:.3f}"), detail,
             extra=CONSOLE,
         )
         return metrics
+
+
+def _greedy_text(value: float | None, form: str) -> str:
+    return "" if value is None else form.format(value)
 
 
 def answer_rows(step: int, plan: SetPlan, sampled: list[list[Answer]], greedy: list[list[Answer]]) -> list[dict[str, Any]]:
@@ -198,13 +204,16 @@ def summarize(scores: dict[str, SetScore], per_set: bool) -> dict[str, float]:
         if per_set:
             metrics |= {
                 f"val/{name}/accuracy": s.accuracy, f"val/{name}/accuracy_stderr": s.accuracy_stderr,
-                f"val/{name}/greedy_accuracy": s.greedy_accuracy, f"val/{name}/reward_mean": s.reward_mean,
+                f"val/{name}/reward_mean": s.reward_mean,
             }
+            if s.greedy_accuracy is not None:
+                metrics[f"val/{name}/greedy_accuracy"] = s.greedy_accuracy
         metrics |= {f"val/{name}/{key}": value for key, value in s.at_k.items()}
     k = len(scores)
     values = list(scores.values())
     metrics["val_accuracy"] = sum(s.accuracy for s in values) / k
     metrics["val_accuracy_stderr"] = math.sqrt(sum(s.accuracy_stderr**2 for s in values)) / k
-    metrics["val_greedy_accuracy"] = sum(s.greedy_accuracy for s in values) / k
+    if all(s.greedy_accuracy is not None for s in values):
+        metrics["val_greedy_accuracy"] = sum(s.greedy_accuracy for s in values) / k  # type: ignore[misc]
     metrics["val_reward_mean"] = sum(s.reward_mean for s in values) / k
     return metrics

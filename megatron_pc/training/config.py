@@ -115,6 +115,10 @@ class TrainingConfig:
     val_samples: int = 4
     """Sampled responses per validation prompt (at the rollout temperature, fixed seed); the
     validation accuracy is their mean. A greedy accuracy is reported beside it."""
+    val_greedy: bool = True
+    """Also generate one greedy response per validation prompt and report ``val_greedy_accuracy``.
+    False halves a one-sample validation's cost (the equal-budget benchmark turns it off: its
+    figures use the sampled accuracy only)."""
 
     def __post_init__(self) -> None:
         if self.logprob_chunk_tokens is not None and self.logprob_chunk_tokens < 1:

@@ -204,3 +204,15 @@ def test_metric_names_with_slashes_reach_jsonl_tensorboard_and_the_progress_bar(
     assert {"val/math-500/accuracy", "val/aime.24/accuracy", "val_accuracy"} <= set(events.Tags()["scalars"])
     assert [e.value for e in events.Scalars("val/aime.24/accuracy")] == [0.25]
     assert "val=0.375" in capsys.readouterr().err
+
+
+def test_without_greedy_only_the_sampled_pass_runs_and_no_greedy_figure_is_reported(rewards: RewardPool, tmp_path: Path) -> None:
+    cfg = load_config(None, ["training.val_samples=2", "training.val_greedy=false"])
+    engines = FakeEngines()
+    evaluator = Evaluator(cfg, _run_data({"validation": [1, 2, 0, 2]}), engines, rewards, answers_dir=tmp_path)
+    metrics = evaluator.run(step=3)
+    assert [s.seed is None for _, s in engines.calls] == [False]  # the sampled pass only
+    assert not any("greedy" in key for key in metrics)
+    assert metrics["val_accuracy"] == pytest.approx(5 / 8)
+    rows = [json.loads(line) for line in (tmp_path / "step_3_validation.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and all(r["sample"] != "greedy" for r in rows)
