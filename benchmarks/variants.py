@@ -91,6 +91,14 @@ VARIANTS: dict[str, Variant] = {
                          lambda tb: ("allocation.history.preset=screen",)),  # fmt: skip
     "pc_screen_policy": Variant("pilot_commit", "pc_screen fed the policy's hidden state at the last prompt token (features: policy) in place of n-grams",
                                 lambda tb: ("allocation.history.preset=screen", "allocation.history.features=policy")),  # fmt: skip
+    "pc_meta": Variant("pilot_commit", "pc_screen with priors per bucket of the records' difficulty (docs/metadata_prior.md)",
+                       lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]")),  # fmt: skip
+    "pc_meta_coarse": Variant("pilot_commit", "pc_meta with the difficulty cut into 3 bins (rough labels)",
+                              lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]",
+                                          "allocation.history.metadata_bins=3")),  # fmt: skip
+    "pc_meta_noisy": Variant("pilot_commit", "pc_meta with 20% of the prompts' difficulty labels shuffled (wrong labels)",
+                             lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]",
+                                         "allocation.history.metadata_noise=0.2")),  # fmt: skip
     "grpo_fair": Variant("grpo", "GRPO whose loss mean counts only the tokens of groups with a nonzero advantage",
                          lambda tb: ("training.loss_denominator=informative",)),  # fmt: skip
     "dapo_3x": Variant("dapo", "DAPO drawing 3 x the train batch of prompts per round, as the recipe",

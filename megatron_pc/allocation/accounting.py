@@ -38,6 +38,8 @@ COUNTERS = (
     "prompts_predicted",
     "prompts_featureless",
     "features_received",
+    # metadata priors (allocation.history.metadata)
+    "prompts_bucket_prior",
     # the field's other allocators: GRESO's pre-rollout skips, MoPPS's candidates not chosen
     "prompts_skipped",
     "prompts_skipped_easy",

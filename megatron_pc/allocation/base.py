@@ -107,6 +107,9 @@ class AllocationStrategy(ABC):
         self.batch: list[TrainGroup] = []
         self._rng = random.Random(seed + 1)
         self._pending: RoundPlan | None = None
+        self.buckets: list[int] | None = None  # prompt -> its metadata bucket (set_prompt_metadata)
+        self.bucket_names: list[str] = []
+        self._covered: set[int] = set()  # buckets trained this epoch
 
     # ---- the cycle -------------------------------------------------------------------
     def batch_ready(self) -> bool:
@@ -155,6 +158,8 @@ class AllocationStrategy(ABC):
         partial = len(groups) < self.cfg.train_batch
         for g in groups:
             self.trace.emit({"event": "train_group", "step": self.step, "prompt": g.prompt, "size": g.size, "successes": g.successes})
+        if self.buckets is not None:
+            self._covered.update(self.buckets[g.prompt] for g in groups)
         self.acct.add("trained_groups", len(groups))
         self.acct.add("trained_rollouts", sum(g.size for g in groups))
         self.acct.add("partial_steps", int(partial))
@@ -178,6 +183,21 @@ class AllocationStrategy(ABC):
         self.step += 1
         self.round = 0
         return result
+
+    # ---- metadata (allocation.history.metadata; megatron_pc.allocation.metadata_prior) -----------
+    def set_prompt_metadata(self, keys: Sequence[str]) -> None:
+        """Give every prompt of the pool its metadata bucket (``keys[prompt]``), before the first
+        round. The share of buckets trained in the epoch is then reported (``bucket_coverage``)."""
+        if len(keys) != self.pool.size:
+            raise ValueError(f"metadata: {len(keys)} bucket keys for a pool of {self.pool.size} prompts")
+        self.bucket_names = sorted(set(keys))
+        index = {name: i for i, name in enumerate(self.bucket_names)}
+        self.buckets = [index[k] for k in keys]
+
+    def _coverage_gauges(self) -> dict[str, float]:
+        if self.buckets is None:
+            return {}
+        return {"bucket_coverage": len(self._covered) / len(self.bucket_names), "buckets_trained": len(self._covered)}
 
     # ---- features (the screen's predictor; megatron_pc.allocation.feature_sources) --------------
     def feature_requests(self) -> list[int]:
@@ -213,7 +233,9 @@ class AllocationStrategy(ABC):
     def _end_epoch(self) -> None:
         self._on_epoch_end()
         self.pool.end_epoch()
-        self.trace.emit({"event": "epoch_end", "step": self.step, "epoch": self.pool.epoch - 1, "evicted_total": self.pool.counts()["evicted"]})
+        coverage = {"bucket_coverage": self._coverage_gauges()["bucket_coverage"]} if self.buckets is not None else {}
+        self.trace.emit({"event": "epoch_end", "step": self.step, "epoch": self.pool.epoch - 1, "evicted_total": self.pool.counts()["evicted"], **coverage})
+        self._covered = set()
 
     def _gauges(self, groups: list[TrainGroup]) -> dict[str, float]:
         n = max(len(groups), 1)
@@ -231,6 +253,7 @@ class AllocationStrategy(ABC):
             "pool_active": pool["active"],
             "pool_deferred": pool["deferred"],
             "pool_evicted": pool["evicted"],
+            **self._coverage_gauges(),
             **self._extra_gauges(groups),
         }
 
@@ -279,6 +302,7 @@ class AllocationStrategy(ABC):
             "rng": rng_to_json(self._rng),
             "pool": self.pool.state_dict(),
             "accounting": self.acct.state_dict(),
+            **({"covered": sorted(self._covered)} if self.buckets is not None else {}),
             **self._extra_state(),
         }
 
@@ -292,6 +316,7 @@ class AllocationStrategy(ABC):
         self._rng = rng_from_json(state["rng"])
         self.pool.load_state_dict(state["pool"])
         self.acct.load_state_dict(state["accounting"])
+        self._covered = {int(b) for b in state.get("covered", [])}
         self._load_extra_state(state)
 
     def _extra_state(self) -> dict[str, Any]:

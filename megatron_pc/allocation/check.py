@@ -199,7 +199,12 @@ def _check_screen(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
     if not h.screen:
         return [f"step {e['step']}: prompt {e['prompt']} was screened, but allocation.history.screen is off"]
     # With the predictor, a prediction that sets the prompt apart from the pool stands for evidence (docs/screen.md).
-    predicted = h.predictor and e.get("predicted_p") is not None and e.get("population_mean") is not None and apart(e["mean"], e["population_mean"], h.screen_relative)
+    # So does a calibrated bucket prior of the record's metadata (docs/metadata_prior.md).
+    source = e.get("prior_source")
+    if source is not None and not h.metadata:
+        return [f"step {e['step']}: prompt {e['prompt']} was screened by a {source} prior, but allocation.history.metadata is off"]
+    has_prior = (h.predictor and e.get("predicted_p") is not None) or source == "metadata"
+    predicted = has_prior and e.get("population_mean") is not None and apart(e["mean"], e["population_mean"], h.screen_relative)
     if e["p_keep"] > 1.0 - h.confidence or (e["evidence"] < h.min_evidence and not predicted):
         return [f"step {e['step']}: prompt {e['prompt']} screened with p_keep {e['p_keep']} and evidence {e['evidence']} "
                 f"(needs p_keep <= {1.0 - h.confidence:.3f} and evidence >= {h.min_evidence}"

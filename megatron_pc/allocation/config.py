@@ -68,9 +68,10 @@ class HistoryConfig:
     paper's behaviour stays the default; ``preset: history_aware`` turns them all on, ``preset:
     screen`` turns them all on and the predictor too (docs/screen.md)."""
 
-    preset: Literal["off", "history_aware", "screen"] = "off"
+    preset: Literal["off", "history_aware", "screen", "metadata"] = "off"
     """``history_aware``: the four options below on (with the parameters as set). ``screen``: those
-    and ``predictor`` on."""
+    and ``predictor`` on. ``metadata``: those of ``screen``, and priors from the record fields
+    named in ``metadata`` (docs/metadata_prior.md), which must then be named."""
     demand_pilots: bool = False
     """Pilot only as many new prompts as the buffer is expected to need, judged from each prompt's
     predicted keep probability, instead of a fixed ``pilot.batch``."""
@@ -136,11 +137,45 @@ class HistoryConfig:
     """Features computed more than this many steps ago are asked for again (``policy`` features
     change with the policy). None: never."""
 
+    metadata: list[str] = field(default_factory=list)
+    """Record fields whose values put each prompt in a bucket with a prior of its own, learned
+    online from the bucket's pilots and direct groups and shrunk toward the population
+    (docs/metadata_prior.md): ``difficulty``, ``source``, any other scalar field of the data rows,
+    ``extra_info.<key>``. Empty: no metadata priors."""
+    metadata_bins: int = 8
+    """A numeric field with more distinct values than this is cut into this many bins of equal
+    counts; one with fewer is read as categories."""
+    metadata_shrink: float = 8.0
+    """Prompts' worth of the population's moments added to every bucket's: a bucket seen less than
+    this is mostly the population."""
+    metadata_min_judged: int = 4
+    """Coverage guard: the first this many prompts of every bucket drawn in an epoch are piloted
+    (or given their rollouts directly), never screened, so every bucket is tried again each epoch
+    and one the policy has learned since is found (at most this many pilots a bucket an epoch are
+    spent on a hopeless one)."""
+    metadata_noise: float = 0.0
+    """Share of the prompts whose buckets are shuffled among themselves (the benchmark's ablation of
+    rough labels; 0 for real use)."""
+
     def __post_init__(self) -> None:
-        if self.preset in ("history_aware", "screen"):
+        if self.preset in ("history_aware", "screen", "metadata"):
             self.demand_pilots = self.screen = self.direct_commit = self.posterior_evict = True
-        if self.preset == "screen":
+        if self.preset in ("screen", "metadata"):
             self.predictor = True
+        if self.preset == "metadata" and not self.metadata:
+            raise ConfigError("metadata", "preset metadata needs the record fields to learn priors from, e.g. metadata=[difficulty]")
+        if any(not isinstance(f, str) or not f for f in self.metadata):
+            raise ConfigError("metadata", f"must be a list of record field names, got {self.metadata!r}")
+        if len(set(self.metadata)) != len(self.metadata):
+            raise ConfigError("metadata", f"names a field twice: {self.metadata!r}")
+        if self.metadata_bins < 2:
+            raise ConfigError("metadata_bins", f"must be >= 2, got {self.metadata_bins}")
+        if self.metadata_min_judged < 0:
+            raise ConfigError("metadata_min_judged", f"must be >= 0, got {self.metadata_min_judged}")
+        if self.metadata_shrink <= 0:
+            raise ConfigError("metadata_shrink", f"must be > 0 prompts, got {self.metadata_shrink}")
+        if not 0.0 <= self.metadata_noise <= 1.0:
+            raise ConfigError("metadata_noise", f"must lie in [0, 1], got {self.metadata_noise}")
         _positive("pilot_floor", self.pilot_floor)
         if self.max_new_factor < 1.0:
             raise ConfigError("max_new_factor", f"must be >= 1, got {self.max_new_factor}")
@@ -174,7 +209,7 @@ class HistoryConfig:
     @property
     def active(self) -> bool:
         """True when any option is on (the prompt history is then kept)."""
-        return self.demand_pilots or self.screen or self.direct_commit or self.posterior_evict or self.predictor
+        return self.demand_pilots or self.screen or self.direct_commit or self.posterior_evict or self.predictor or bool(self.metadata)
 
 
 @dataclass

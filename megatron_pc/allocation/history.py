@@ -77,6 +77,18 @@ def _beta_cf(x: float, a: float, b: float) -> float:
     return h
 
 
+def beta_by_moments(m1: float, m2: float, max_strength: float = 1000.0) -> tuple[float, float]:
+    """The Beta(a, b) whose mean is ``m1`` and second moment ``m2`` (estimates of E[p], E[p^2]);
+    a + b kept within [0.1, ``max_strength``], each of a, b at least 0.02."""
+    mean = min(max(m1, 1e-3), 1.0 - 1e-3)
+    var = m2 - mean * mean
+    # Beta moments: var = mean (1 - mean) / (a + b + 1); a U-shaped pool gives a + b < 1.
+    top = min(max_strength, 1000.0)
+    strength = mean * (1.0 - mean) / var - 1.0 if var > 0 else top
+    strength = min(max(strength, 0.1), top)
+    return max(mean * strength, 0.02), max((1.0 - mean) * strength, 0.02)
+
+
 @dataclass
 class Posterior:
     """One prompt's Beta posterior and how much of it is the prompt's own evidence."""
@@ -149,15 +161,15 @@ class PromptHistory:
 
     def prior(self, step: int) -> tuple[float, float]:
         """The population prior Beta(a0, b0) at ``step`` (Jeffreys' until enough is seen)."""
-        weight, s1, s2 = (x * self._fade(step - self._pop_step) for x in self._pop)
+        weight, s1, s2 = self.population_moments(step)
         if weight < MIN_PRIOR_WEIGHT:
             return JEFFREYS
-        mean = min(max(s1 / weight, 1e-3), 1.0 - 1e-3)
-        var = s2 / weight - mean * mean
-        # Beta moments: var = mean (1 - mean) / (a + b + 1); a U-shaped pool gives a + b < 1.
-        strength = mean * (1.0 - mean) / var - 1.0 if var > 0 else 1000.0
-        strength = min(max(strength, 0.1), 1000.0)
-        return max(mean * strength, 0.02), max((1.0 - mean) * strength, 0.02)
+        return beta_by_moments(s1 / weight, s2 / weight)
+
+    def population_moments(self, step: int) -> tuple[float, float, float]:
+        """Faded (weight, sum of p, sum of p^2 estimates) over first observations, at ``step``."""
+        weight, s1, s2 = (x * self._fade(step - self._pop_step) for x in self._pop)
+        return weight, s1, s2
 
     def posterior(self, prompt: int, step: int, prior: tuple[float, float]) -> Posterior:
         """The prompt's posterior at ``step`` under ``prior``."""

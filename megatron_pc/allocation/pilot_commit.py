@@ -28,6 +28,7 @@ from megatron_pc.allocation.base import AllocationStrategy
 from megatron_pc.allocation.buffer import BufferEntry, ReplayBuffer, select_kept_pilots
 from megatron_pc.allocation.config import AllocationConfig, commit_granularity
 from megatron_pc.allocation.history import Posterior, PromptHistory
+from megatron_pc.allocation.metadata_prior import MetadataPrior
 from megatron_pc.allocation.predictor import ScreenPredictor, apart, auc, brier
 from megatron_pc.allocation.types import Request, Rollout, RoundPlan, TrainGroup
 from megatron_pc.errors import ConfigError
@@ -91,6 +92,13 @@ class PilotCommit(AllocationStrategy):
         self._planned: dict[int, dict[str, Any]] = {}  # prompt -> what the plan predicted (history on)
         self.predictor = ScreenPredictor(self.cfg.history) if self.cfg.history.predictor else None
         self._calibration: list[tuple[float, float, bool]] = []  # this step's pilots: (p_keep, population p_keep, kept)
+        self.meta: MetadataPrior | None = None  # allocation.history.metadata: made by set_prompt_metadata
+
+    def set_prompt_metadata(self, keys: Sequence[str]) -> None:
+        super().set_prompt_metadata(keys)
+        if self.cfg.history.metadata:
+            h = self.cfg.history
+            self.meta = MetadataPrior(keys, h.recency_half_life, h.metadata_shrink, h.metadata_min_judged)
 
     # ---- features ----------------------------------------------------------------------
     @property
@@ -160,6 +168,9 @@ class PilotCommit(AllocationStrategy):
         floor = min(h.pilot_floor, limit) if h.demand_pilots else limit
         prior = history.prior(self.step)
         predictor = self.predictor
+        if h.metadata and self.meta is None:
+            raise ConfigError("allocation.history.metadata", "this run gave the strategy no record metadata (set_prompt_metadata was not called)")
+        population = history.population_moments(self.step) if self.meta is not None else None
         new: list[Request] = []
         expected, scanned, directs, epoch_ends = 0.0, 0, 0, 0
         while len(new) < limit and (expected < demand or len(new) < floor) and scanned < 20 * limit:
@@ -174,14 +185,25 @@ class PilotCommit(AllocationStrategy):
                     demand = room
                 continue
             prompt, scanned = got[0], scanned + 1
-            predicted, own_prior = None, prior
+            predicted, own_prior, calibrated = None, prior, False
             if predictor is not None:
                 predicted = predictor.prediction(prompt, self.step)
                 if predicted is not None:
                     own_prior = predictor.prior(prompt, self.step) or prior
+                    calibrated = predictor.calibrated(prompt, self.step)
                     self.acct.add("prompts_predicted")
                 elif not predictor.has_features(prompt):
                     self.acct.add("prompts_featureless")
+            source = "predictor" if predicted is not None else "population"
+            owed = False
+            if self.meta is not None and population is not None:
+                # The bucket's prior once it is calibrated; before, the prediction if there is one, else the
+                # bucket's prior all the same (shrunk toward the population, it is no worse than it).
+                bucket_ready = self.meta.calibrated(prompt, self.step)
+                if bucket_ready or predicted is None:
+                    own_prior, calibrated, source = self.meta.prior(prompt, self.step, population), bucket_ready, "metadata"
+                    self.acct.add("prompts_bucket_prior")
+                owed = self.meta.owed(prompt)  # the coverage guard: this epoch still owes the bucket a pilot
             post = history.posterior(prompt, self.step, own_prior)
             p_keep = post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
             pop_post = post if own_prior is prior else history.posterior(prompt, self.step, prior)
@@ -190,11 +212,11 @@ class PilotCommit(AllocationStrategy):
             # A calibrated prediction stands for evidence: a prompt never seen may be screened by it, when
             # it sets the prompt apart from the pool (on a pool where every pilot is a long shot, screening
             # them all would leave nothing to train on).
-            by_prediction = predicted is not None and apart(post.mean, pop_post.mean, h.screen_relative) and predictor.calibrated(prompt, self.step)
-            if h.screen and (post.evidence >= h.min_evidence or by_prediction) and p_keep <= 1.0 - h.confidence:
+            by_prediction = source != "population" and calibrated and apart(post.mean, pop_post.mean, h.screen_relative)
+            if h.screen and not owed and (post.evidence >= h.min_evidence or by_prediction) and p_keep <= 1.0 - h.confidence:
                 explored = self._rng.random() < h.explore
                 if not explored:
-                    self._screen(prompt, post, p_keep, predicted, pop_post.mean)
+                    self._screen(prompt, post, p_keep, predicted, pop_post.mean, source)
                     continue
             p_direct = post.p_informative(cfg.n)
             if h.direct_commit and p_direct / cfg.n > p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts):
@@ -208,8 +230,10 @@ class PilotCommit(AllocationStrategy):
                 expected += p_keep
                 new.append(Request(prompt, cfg.pilot.n, "pilot"))
             self._planned[prompt] = {"p_keep": p_keep, "p_informative": round(p_direct, 4), "explore": explored}
-            if predictor is not None:
+            if predictor is not None or self.meta is not None:
                 self._planned[prompt].update(predicted_p=predicted, p_keep_population=pop_keep)
+            if self.meta is not None:
+                self._planned[prompt].update(prior_source=source, prior_mean=round(own_prior[0] / (own_prior[0] + own_prior[1]), 4), owed=owed)
         n_commits = wanted
         while True:  # every round's rollouts divide evenly over the generation engines
             rollouts = sum(r.n for r in new)
@@ -224,7 +248,8 @@ class PilotCommit(AllocationStrategy):
         self.acct.add("buffer_pops", len(self._committing))
         return new + [Request(e.prompt, cfg.commit_rollouts, "commit") for e in self._committing]
 
-    def _screen(self, prompt: int, post: Posterior, p_keep: float, predicted: float | None = None, pop_mean: float | None = None) -> None:
+    def _screen(self, prompt: int, post: Posterior, p_keep: float, predicted: float | None = None, pop_mean: float | None = None,
+                source: str | None = None) -> None:  # fmt: skip
         """Not piloted this epoch: the posterior says its pilot would land outside the band."""
         n = self.cfg.pilot.n
         pmf = post.predictive(n)
@@ -238,7 +263,8 @@ class PilotCommit(AllocationStrategy):
             {"event": "screen", "step": self.step, "round": self.round, "prompt": prompt, "p_keep": p_keep,
              "mean": round(post.mean, 4), "evidence": round(post.evidence, 3), "outcome": "too_hard" if too_hard else "too_easy",
              **({"predicted_p": predicted, "population_mean": round(pop_mean, 4) if pop_mean is not None else None}
-                if self.predictor is not None else {})}  # fmt: skip
+                if self.predictor is not None or self.meta is not None else {}),
+             **({"prior_source": source} if self.meta is not None else {})}  # fmt: skip
         )
 
     # ---- observing ---------------------------------------------------------------------
@@ -264,6 +290,8 @@ class PilotCommit(AllocationStrategy):
         fields = dict(self._planned.get(prompt, {}))
         if self.predictor is not None:
             self.predictor.observe(prompt, successes, n, fields.get("predicted_p"))
+        if self.meta is not None:  # pilots and directs: a commit is of a survivor only, which would bias the bucket
+            self.meta.observe(prompt, successes, n, self.step)
         if h.posterior_evict:
             post = self.history.posterior(prompt, self.step, self.history.prior(self.step))
             prob = post.p_above(h.evict_level) if post.evidence >= h.min_evidence and post.mean > h.evict_level / 2 else 0.0
@@ -316,7 +344,7 @@ class PilotCommit(AllocationStrategy):
             self.acct.add("buffer_adds")
         self.acct.add(f"prompts_{decision}" if decision != "keep" else "prompts_kept")
         fields = self._observe_history(req.prompt, successes, len(rollouts)) if self.history is not None else {}
-        if self.predictor is not None and "p_keep_population" in fields:
+        if (self.predictor is not None or self.meta is not None) and "p_keep_population" in fields:
             self._calibration.append((fields["p_keep"], fields["p_keep_population"], decision == "keep"))
         evict = self._evict_by(p_hat, fields)
         if evict:
@@ -361,6 +389,8 @@ class PilotCommit(AllocationStrategy):
 
     def _on_epoch_end(self) -> None:
         self.acct.add("buffer_epoch_drops", self.buffer.clear())
+        if self.meta is not None:
+            self.meta.end_epoch()
 
     def _buffer_size(self) -> int:
         return len(self.buffer)
@@ -384,14 +414,15 @@ class PilotCommit(AllocationStrategy):
             "share_direct": direct / judged if judged else 0.0,
             "share_piloted": (judged - screened - direct) / judged if judged else 0.0,
         }
-        if self.predictor is not None:
+        if self.predictor is not None or self.meta is not None:
             p_keep, p_pop, kept = (list(v) for v in zip(*self._calibration)) if self._calibration else ([], [], [])
             self._calibration = []
             out.update(
                 screen_scored=len(kept), screen_brier=_finite(brier(p_keep, kept)), screen_auc=_finite(auc(p_keep, kept)),
                 screen_brier_population=_finite(brier(p_pop, kept)), screen_auc_population=_finite(auc(p_pop, kept)),
-                predictor_strength=self.predictor.strength, predictor_fit_weight=self.predictor.fit_weight,
             )  # fmt: skip
+        if self.predictor is not None:
+            out.update(predictor_strength=self.predictor.strength, predictor_fit_weight=self.predictor.fit_weight)
         return out
 
     def _shortfall_hint(self) -> str:
@@ -402,8 +433,11 @@ class PilotCommit(AllocationStrategy):
 
     def _extra_state(self) -> dict[str, Any]:
         history = {"history": self.history.state_dict()} if self.history is not None else {}
-        if self.predictor is not None:
-            history["screen"] = {"predictor": self.predictor.state_dict(), "calibration": [list(c) for c in self._calibration]}
+        if self.predictor is not None or self.meta is not None:
+            history["screen"] = {"predictor": self.predictor.state_dict() if self.predictor is not None else None,
+                                 "calibration": [list(c) for c in self._calibration]}  # fmt: skip
+        if self.meta is not None:
+            history["metadata"] = self.meta.state_dict()
         return {"buffer": self.buffer.state_dict(), **history}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
@@ -413,10 +447,17 @@ class PilotCommit(AllocationStrategy):
                 raise ValueError("allocation.history is on but the checkpoint holds no prompt history (it was saved without it)")
             self.history.load_state_dict(state["history"])
         if self.predictor is not None:
-            if "screen" not in state:
+            if "screen" not in state or state["screen"]["predictor"] is None:
                 raise ValueError("allocation.history.predictor is on but the checkpoint holds no predictor state (it was saved without it)")
             self.predictor.load_state_dict(state["screen"]["predictor"])
+        if self.predictor is not None or self.meta is not None:
             self._calibration = [(float(a), float(b), bool(k)) for a, b, k in state["screen"]["calibration"]]
+        if self.cfg.history.metadata:
+            if self.meta is None:
+                raise ValueError("allocation.history.metadata is on but the strategy was given no record metadata before its state was loaded")
+            if "metadata" not in state:
+                raise ValueError("allocation.history.metadata is on but the checkpoint holds no metadata priors (it was saved without them)")
+            self.meta.load_state_dict(state["metadata"])
 
 
 def _finite(x: float) -> float | None:

@@ -112,6 +112,7 @@ class VerlFormat:
             "answer": answer,
             "source": source,
             "difficulty": difficulty if _finite(difficulty) else None,
+            "extra_info": {k: v for k, v in extra.items() if k not in ("index", "split", "difficulty")},
         }
         return record_from_row(ours, where)
 

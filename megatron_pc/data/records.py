@@ -8,6 +8,9 @@ One record per prompt:
 - ``answer`` (str): the reference final answer, checked by the reward function
 - ``source`` (str, optional): where the prompt comes from (``gsm_symbolic``, ``deepmath``, ...)
 - ``difficulty`` (number, optional): any scale; larger is harder
+- any other field whose value is a string, number or boolean, and those of a nested
+  ``extra_info`` object (as ``extra_info.<key>``), are kept as the record's ``metadata``, which
+  ``allocation.history.metadata`` may name
 
 Other fields are ignored. A bad row raises :class:`~megatron_pc.errors.DataError` naming the
 file, the line (jsonl, 1-based) or row (parquet, 1-based) and the field; a duplicate id names
@@ -46,6 +49,9 @@ class PromptRecord:
     answer: str
     source: str | None = None
     difficulty: float | None = None
+    metadata: tuple[tuple[str, str | float | bool], ...] = ()
+    """The row's other scalar fields, by name (``extra_info.<key>`` for a field of a nested
+    ``extra_info`` object), for ``allocation.history.metadata``; other values are ignored."""
 
     @property
     def prompt_key(self) -> str:
@@ -64,6 +70,7 @@ class PromptRecord:
             row["source"] = self.source
         if self.difficulty is not None:
             row["difficulty"] = self.difficulty
+        row.update(self.metadata)
         return row
 
 
@@ -89,7 +96,23 @@ def record_from_row(row: Any, where: str) -> PromptRecord:
         if isinstance(difficulty, bool) or not isinstance(difficulty, (int, float)) or not math.isfinite(difficulty):
             raise fail("difficulty", f"must be a finite number if present, got {difficulty!r}")
         difficulty = float(difficulty)
-    return PromptRecord(rid, _prompt(row.get("prompt"), fail), answer, source, difficulty)
+    return PromptRecord(rid, _prompt(row.get("prompt"), fail), answer, source, difficulty, _metadata(row))
+
+
+OWN_FIELDS = frozenset({"id", "prompt", "answer", "source", "difficulty"})
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, bool)) or (isinstance(value, (int, float)) and math.isfinite(value))
+
+
+def _metadata(row: dict[str, Any]) -> tuple[tuple[str, str | float | bool], ...]:
+    """The row's other scalar fields, and those of a nested ``extra_info`` object as ``extra_info.<key>``."""
+    out = [(k, v) for k, v in row.items() if k not in OWN_FIELDS and isinstance(k, str) and _scalar(v)]
+    extra = row.get("extra_info")
+    if isinstance(extra, dict):
+        out += [(f"extra_info.{k}", v) for k, v in extra.items() if isinstance(k, str) and _scalar(v)]
+    return tuple(out)
 
 
 def _prompt(value: Any, fail: Any) -> str | tuple[ChatMessage, ...]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from megatron_pc.allocation import StepResult, build_strategy
+from megatron_pc.allocation.metadata_prior import bucket_keys
 from megatron_pc.allocation.trace import TraceWriter
 from megatron_pc.cluster.nodes import NodeLostError
 from megatron_pc.cluster.ray_workers import RayWorkers
@@ -95,6 +96,9 @@ class Trainer:
         self.resume_step, self.resume_path, traced = self.checkpoints.resume_point()
         trace = TraceWriter(self.run_dir / "trace.jsonl", keep_through_step=traced) if cfg.logging.trace else None
         self.strategy = build_strategy(cfg.allocation, len(data.train), cfg.seed, cfg.rollout.engines, trace)
+        h = cfg.allocation.history
+        if h.metadata:  # each prompt's bucket of the named record fields (docs/metadata_prior.md)
+            self.strategy.set_prompt_metadata(bucket_keys(data.train, h.metadata, h.metadata_bins, h.metadata_noise, cfg.seed))
         self.screen = Screen(cfg, data)  # features for allocation.history.predictor, before each round
         self.tokens_total = 0
         self.engines: RestartingEngines | None = None  # the workers' engines, restarted when they die

@@ -51,7 +51,7 @@ def test_jsonl_rows_become_records_with_chat_prompts_and_optional_fields(tmp_pat
     )
     records = read_prompts(path)
     assert records == [
-        PromptRecord("a", "1+1=", "2"),
+        PromptRecord("a", "1+1=", "2", metadata=(("extra", 5),)),  # other scalar fields are kept as metadata
         PromptRecord("b", (ChatMessage("user", "hi"),), "x", "s", 3.0),
     ]
     out = tmp_path / "round.jsonl"

@@ -215,6 +215,34 @@ def test_the_screen_gets_its_features_from_the_driver_and_resumes_exactly(tmp_pa
     assert read_trace(more.resolved_run_dir / "trace.jsonl") == trace
 
 
+def _data_with_difficulty(tmp_path: Path) -> RunData:
+    data = _data(tmp_path)
+    train = [PromptRecord(r.id, r.prompt, r.answer, difficulty=float(int(r.answer) // 3)) for r in data.train]
+    return RunData(data.model_path, data.tokenizer, train, data.val, data.train_tokens, data.val_tokens)
+
+
+def test_metadata_priors_get_the_records_buckets_from_the_driver_and_resume_exactly(tmp_path: Path) -> None:
+    meta = ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]", "allocation.history.ngram_dim=32")
+    cfg = _cfg(tmp_path, "pilot_commit", *meta)
+    Trainer(cfg, _data_with_difficulty(tmp_path), partial(StandInWorkers)).run()
+    first = read_metrics(cfg.resolved_run_dir / "metrics.jsonl")
+    assert all(r["bucket_coverage"] > 0 for r in first[1:]) and sum(r["prompts_bucket_prior"] for r in first[1:]) > 0
+    trace = read_trace(cfg.resolved_run_dir / "trace.jsonl")
+    assert check_trace(trace, cfg.allocation) == []
+    assert any(e.get("prior_source") == "metadata" for e in trace if e["event"] in ("pilot", "direct", "screen"))
+    Trainer(_cfg(tmp_path / "again", "pilot_commit", *meta, "training.steps=2"), _data_with_difficulty(tmp_path), partial(StandInWorkers)).run()
+    more = _cfg(tmp_path / "again", "pilot_commit", *meta)
+    Trainer(more, _data_with_difficulty(tmp_path), partial(StandInWorkers)).run()
+    second = read_metrics(more.resolved_run_dir / "metrics.jsonl")
+    keys = ("generated", "bucket_coverage", "prompts_bucket_prior", "share_screened", "screen_brier")
+    assert [[r.get(k) for k in keys] for r in second] == [[r.get(k) for k in keys] for r in first]
+    assert read_trace(more.resolved_run_dir / "trace.jsonl") == trace
+    # A field no record carries is refused, naming it, before any worker starts.
+    with pytest.raises(ConfigError, match="'grade'"):
+        Trainer(_cfg(tmp_path / "bad", "pilot_commit", "allocation.history.preset=metadata", "allocation.history.metadata=[grade]"),
+                _data_with_difficulty(tmp_path), partial(StandInWorkers))  # fmt: skip
+
+
 def test_policy_features_in_a_pipelined_run_are_refused_before_workers_start(tmp_path: Path) -> None:
     # The policy ranks are busy with step t's update while step t+1's rounds are planned.
     cfg = _cfg(tmp_path, "pilot_commit", "allocation.history.preset=screen", "allocation.history.features=policy",
