@@ -12,7 +12,7 @@ One record per prompt:
   ``extra_info`` object (as ``extra_info.<key>``), are kept as the record's ``metadata``, which
   ``allocation.history.metadata`` may name
 
-Other fields are ignored. A bad row raises :class:`~megatron_pc.errors.DataError` naming the
+Other values (lists, objects) are ignored. A bad row raises :class:`~megatron_pc.errors.DataError` naming the
 file, the line (jsonl, 1-based) or row (parquet, 1-based) and the field; a duplicate id names
 both lines. See docs/data.md.
 """
