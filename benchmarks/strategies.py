@@ -65,11 +65,14 @@ DEFAULTS = {"steps": 70, "validate_every": 7, "val_size": 640}
 """The benchmark's run length and validation (docs/benchmarks.md, "A cheaper benchmark"): 640
 prompts keep a validation's standard error at or under 0.5 / sqrt(640) = 0.0198."""
 DEFAULT_CONFIG = "configs/tiny_cpu.yaml"
-BUDGET_DEFAULTS = {"budget": 40_960, "validations": 16, "val_size": 6_000, "step_cap": 100_000}
+BUDGET_DEFAULTS = {"budget": 40_960, "validations": 8, "val_size": 18_000, "step_cap": 100_000}
 """An equal-budget benchmark (docs/benchmarks.md, "Equal budgets"): 40,960 rollouts (80 GRPO steps of
-512), validation every budget / 16 rollouts, 6,000 validation prompts (the kept runs' per-prompt
-spread, 0.45 on paper_like, puts one validation's standard error at 0.0058, under a third of the
-0.018 gap between targets their median gains give), and a step cap that never binds."""
+512), validation every budget / 8 rollouts (so at R/4, R/2, 3R/4 and R exactly), 18,000
+validation prompts, and a step cap that never binds. The size: in the paper's shape the first
+runs (paper_like, seed 0) gained 0.041-0.047 at the budget, so the targets lie 0.011 apart, and
+their per-prompt spread (0.465) needs 16,700 prompts for a standard error under a third of that;
+18,000 give 0.0035. Eight validations of 18,000 cost about what sixteen of 6,000 and a greedy
+answer each did."""
 MIN_EPOCHS = 3
 """A regime with a pool of its own (multi_epoch) must give GRPO at least this many epochs of the budget."""
 VALIDATION_SEED = 20_260_526

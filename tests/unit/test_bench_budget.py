@@ -29,12 +29,12 @@ def _jobs(tmp_path: Path, *flags: str) -> tuple[object, dict[str, bench.Job]]:
 def test_a_budget_runs_every_allocator_in_the_papers_shape_until_it_has_spent_the_budget(tmp_path: Path) -> None:
     args, jobs = _jobs(tmp_path, "--budget", "40960")
     assert list(jobs) == ["pilot_commit", "grpo", "dapo", "speed_rl", "greso", "mopps"]
-    assert args.validate_every_rollouts == 40960 // 16 and args.val_size == 6000 and args.shape.name == "paper64"
+    assert args.validate_every_rollouts == 40960 // 8 and args.val_size == 18000 and args.shape.name == "paper64"
     assert args.steps == bench.BUDGET_DEFAULTS["step_cap"]  # a cap that never binds: the budget ends each run
     for label, job in jobs.items():
         cfg = load_config(CONFIG, list(job.overrides))
         assert cfg.allocation.strategy == label
-        assert (cfg.training.rollout_budget, cfg.training.validate_every_rollouts) == (40960, 2560)
+        assert (cfg.training.rollout_budget, cfg.training.validate_every_rollouts) == (40960, 5120)
         assert (cfg.allocation.n, cfg.allocation.pilot.n, cfg.allocation.commit_rollouts, cfg.allocation.train_batch) == (64, 16, 48, 8)
         assert cfg.allocation.pilot.batch == 24 and cfg.allocation.buffer.sampling == "random" and cfg.allocation.buffer.age_rule == "reference"
     # The paper's band and eviction at that shape are the defaults.
