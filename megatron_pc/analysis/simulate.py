@@ -202,6 +202,8 @@ def run_one(cfg: Config, sim: SimConfig, strategy: str, seed: int, trace: TraceS
         if acc >= sim.target_accuracy:
             reached_at = (step, generated)
             break
+        if cfg.training.budget_spent(generated):  # training.rollout_budget: the step that spends it is the last
+            break
     return {
         "strategy": strategy,
         "seed": seed,

@@ -113,6 +113,8 @@ class Group:
     samples: int
     start_skill: float
     trajectories: list[Trajectory]
+    budget: int | None = None
+    """The rollout budget every run of the group spent (an equal-budget benchmark), else None."""
 
 
 def load_groups(bench_dirs: list[str]) -> list[Group]:
@@ -131,8 +133,12 @@ def load_groups(bench_dirs: list[str]) -> list[Group]:
             mine = [r for r in runs if r.regime == regime]
             start = statistics.fmean(r.points[0].accuracy for r in mine)
             name = f"{Path(bench_dir).name}/{regime}"
+            budgets = {simulated_config(r.run_dir / "config.yaml").training.rollout_budget for r in mine}
+            if len(budgets) > 1:
+                raise MegatronPCError(f"fit-simulator: the runs of {name} spent different rollout budgets ({sorted(budgets, key=str)}): "
+                                      "targets on a common budget need one")  # fmt: skip
             groups.append(Group(name, Path(bench_dir).name, regime, scale, rates, samples, float(scale.skill(start)),
-                                [trajectory(r, name) for r in mine]))  # fmt: skip
+                                [trajectory(r, name) for r in mine], budgets.pop()))  # fmt: skip
     if not groups:
         raise MegatronPCError(f"fit-simulator: no finished runs under {', '.join(bench_dirs)}")
     return groups
@@ -234,7 +240,7 @@ def simulated_runs(group: Group, learning: str, fitted: FittedLearning | None = 
             sim.lr = lr
         for seed in sim.seeds:
             curve = run_one(cfg, sim, label, seed)["curve"]
-            out.append(curve_run(group.regime, label, seed, curve, cfg.training.validate_every))
+            out.append(curve_run(group.regime, label, seed, curve, cfg.training.validate_every, cfg.training.validate_every_rollouts))
     return out
 
 
@@ -243,33 +249,40 @@ def simulated_config(path: Path) -> Config:
     updates, its steps and validation interval, its pool and engines (the rest of a kept config
     may name fields this version no longer has)."""
     raw = yaml.safe_load(path.read_text()) or {}
-    training = {k: v for k, v in raw.get("training", {}).items() if k in ("steps", "mini_batch", "mini_batch_unit", "validate_every")}
+    kept = ("steps", "mini_batch", "mini_batch_unit", "validate_every", "validate_every_rollouts", "rollout_budget")
+    training = {k: v for k, v in raw.get("training", {}).items() if k in kept}
     data = {"allocation": raw.get("allocation", {}), "training": training,
             "data": {"train_size": raw.get("data", {}).get("train_size", 20_000)},
             "rollout": {"engines": raw.get("rollout", {}).get("engines", 1)}}  # fmt: skip
     return from_dict(Config, data)
 
 
-def curve_run(regime: str, label: str, seed: int, curve: list[tuple[int, int, float]], validate_every: int) -> Run:
-    """A simulated accuracy curve as a report run, validated every ``validate_every`` steps like the real one."""
+def curve_run(regime: str, label: str, seed: int, curve: list[tuple[int, int, float]], validate_every: int,
+              every_rollouts: int | None = None) -> Run:  # fmt: skip
+    """A simulated accuracy curve as a report run, validated like the real one: every
+    ``validate_every`` steps, or (``every_rollouts`` K) after each step that crosses a multiple of
+    K generated rollouts; and after the first and the last step."""
     rows, previous = [], 0
     for step, generated, acc in curve:
         row: dict[str, Any] = {"step": step, "cum_generated": generated}
         if step:
-            row["generated"], previous = generated - previous, generated
-        if step % validate_every == 0 or step == curve[-1][0]:
+            row["generated"] = generated - previous
+        due = generated // every_rollouts > previous // every_rollouts if every_rollouts else step % validate_every == 0
+        if step == 0 or due or step == curve[-1][0]:
             row["val_accuracy"] = acc
+        previous = generated
         rows.append(row)
     return Run(regime, label, seed, Path(f"simulated/{label}/seed_{seed}"), rows)
 
 
-def ratios(runs: list[Run]) -> dict[str, list[float | None]]:
+def ratios(runs: list[Run], budget: int | None = None) -> dict[str, list[float | None]]:
     """{other: [rollouts-to-target ratio other / PC per target]} of the main strategies (the
-    report's targets and medians; None where either did not reach it)."""
+    report's targets and statistic, on the common ``budget`` when there is one; None where
+    either did not reach it)."""
     runs = [r for r in runs if r.strategy in MAIN_STRATEGIES]
     if not runs or REFERENCE not in {r.strategy for r in runs}:
         return {}
-    regime = summarize(runs, TARGET_FRACTIONS)["regimes"][runs[0].regime]
+    regime = summarize(runs, TARGET_FRACTIONS, budget)["regimes"][runs[0].regime]
     out: dict[str, list[float | None]] = {}
     for name in COMPARED:
         if any(r.strategy == name for r in runs):
@@ -316,9 +329,9 @@ def held_out(groups: list[Group], log: Any = None) -> list[dict[str, Any]]:
         model, _ = fit(train)
         say(f"fold seed {seed}: fitted on the other seeds: {_params_text(model)}")
         for g in groups:
-            measured = ratios([t.run for t in g.trajectories if t.run.seed == seed])
+            measured = ratios([t.run for t in g.trajectories if t.run.seed == seed], g.budget)
             if measured:
-                rows += _rows(f"seed {seed}", g, ratios(simulated_runs(g, "fitted", model)), measured, "fitted")
+                rows += _rows(f"seed {seed}", g, ratios(simulated_runs(g, "fitted", model), g.budget), measured, "fitted")
     for regime in sorted({g.regime for g in groups}):
         train = [g for g in groups if g.regime != regime]
         if not train:
@@ -327,13 +340,13 @@ def held_out(groups: list[Group], log: Any = None) -> list[dict[str, Any]]:
         say(f"fold regime {regime}: fitted on the other regimes: {_params_text(model)}")
         for g in groups:
             if g.regime == regime:
-                measured = ratios([t.run for t in g.trajectories])
-                rows += _rows(f"regime {regime}", g, ratios(simulated_runs(g, "fitted", model)), measured, "fitted")
+                measured = ratios([t.run for t in g.trajectories], g.budget)
+                rows += _rows(f"regime {regime}", g, ratios(simulated_runs(g, "fitted", model), g.budget), measured, "fitted")
     for g in groups:
         measured_runs = [t.run for t in g.trajectories]
         lr = _linear_lr(g, measured_runs)
         say(f"linear {g.name}: lr {lr:.4g}")
-        rows += _rows("calibrated per regime", g, ratios(simulated_runs(g, "linear", lr=lr)), ratios(measured_runs), "linear")
+        rows += _rows("calibrated per regime", g, ratios(simulated_runs(g, "linear", lr=lr), g.budget), ratios(measured_runs, g.budget), "linear")
     return rows
 
 

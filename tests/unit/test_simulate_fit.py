@@ -169,3 +169,52 @@ def test_fit_simulator_writes_parameters_and_prints_the_held_out_table(tmp_path,
     model, record = load_fitted(out)
     assert model.scale > 0 and {r["fold"] for r in record["table"]} >= {"seed 0", "seed 1"}
     assert "held-out error" in record["summary"]
+
+
+def _budget_bench(root: Path, budget: int | dict[str, int] = 5120) -> Path:
+    """The small layout as an equal-budget benchmark: every run stops once it has spent ``budget``
+    rollouts (GRPO 512 a step, PC 1,024), validated after each step that crosses a multiple of 1,024."""
+    bench = _bench(root)
+    for cfg_path in bench.glob("mixed/*/seed_*/config.yaml"):
+        label = cfg_path.parent.parent.name
+        per_step = 1024 if label == "pilot_commit" else 512
+        spend = budget[label] if isinstance(budget, dict) else budget
+        rows = [{"step": 0, "cum_generated": 0, "val_accuracy": 0.45}]
+        for step in range(1, spend // per_step + 1):
+            z = 0.0 if label == "pilot_commit" else 0.4
+            row = {"step": step, "generated": per_step, "cum_generated": per_step * step, "updates": 1, "batch_groups": 32,
+                   "zero_variance_share": z, "group_reward_var_mean": 0.15 * (1 - z)}  # fmt: skip
+            if (per_step * step) % 1024 == 0:
+                row["val_accuracy"] = 0.45 + 0.004 * per_step * step / 512
+            rows.append(row)
+        (cfg_path.parent / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        cfg = yaml.safe_load(cfg_path.read_text())
+        cfg["training"].update(steps=100_000, rollout_budget=spend, validate_every_rollouts=1024)
+        cfg_path.write_text(yaml.safe_dump(cfg))
+    return bench
+
+
+def test_an_equal_budget_benchmark_is_refit_and_judged_at_its_budget(tmp_path, capsys) -> None:
+    from megatron_pc.analysis.simulate_fit import ratios, simulated_runs
+
+    groups = load_groups([str(_budget_bench(tmp_path))])
+    assert [g.budget for g in groups] == [5120]
+    model, _ = fit(groups)
+    simulated = simulated_runs(groups[0], "fitted", model, seeds=1)
+    for run in simulated:  # the simulator stops at the step that spends the budget and validates on the same schedule
+        generated = [r["cum_generated"] for r in run.rows]
+        assert generated[-2] < 5120 <= generated[-1]
+        validated = [r["cum_generated"] for r in run.rows if "val_accuracy" in r]
+        crossings = [g for prev, g in zip(generated, generated[1:]) if g // 1024 > prev // 1024]
+        assert validated == [0, *crossings] or validated == [0, *crossings, generated[-1]]
+    measured = ratios([t.run for t in groups[0].trajectories], 5120)
+    assert set(measured) == {"grpo"} and len(measured["grpo"]) == 3
+    out = tmp_path / "params.json"
+    assert main(["fit-simulator", str(tmp_path / "bench"), "--out", str(out)]) == 0
+    assert "grpo/PC" in capsys.readouterr().out
+
+
+def test_runs_of_one_regime_that_spent_different_budgets_are_refused(tmp_path) -> None:
+    bench = _budget_bench(tmp_path, {"pilot_commit": 5120, "grpo": 4096})
+    with pytest.raises(Exception, match="different rollout budgets"):
+        load_groups([str(bench)])
