@@ -34,6 +34,7 @@ COUNTERS = (
     "prompts_explored",
     "prompts_direct",
     "direct_trained",
+    "prompts_direct_large",
     # the screen's predictor (allocation.history.predictor)
     "prompts_predicted",
     "prompts_featureless",

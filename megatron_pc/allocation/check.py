@@ -186,8 +186,9 @@ def _check_direct(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
     out = []
     if not cfg.history.direct_commit:
         out.append(f"step {e['step']}: prompt {e['prompt']} was given its rollouts directly, but allocation.history.direct_commit is off")
-    if e["n"] != cfg.n:
-        out.append(f"step {e['step']}: direct prompt {e['prompt']} got {e['n']} rollouts, not n = {cfg.n}")
+    sizes = (cfg.n, cfg.history.large_factor * cfg.n) if cfg.history.sized else (cfg.n,)
+    if e["n"] not in sizes:  # a large group is trained whole, as one group (its train_group event has that size)
+        out.append(f"step {e['step']}: direct prompt {e['prompt']} got {e['n']} rollouts, not {' or '.join(map(str, sizes))} (n{', or large_factor x n with sized' if cfg.history.sized else ''})")
     p_hat = e["successes"] / e["n"]
     if e["decision"] == "too_hard" and not p_hat < cfg.p_lower or e["decision"] == "too_easy" and not p_hat > cfg.p_upper:
         out.append(f"step {e['step']}: direct prompt {e['prompt']} with p_hat {p_hat:.3f} was {e['decision']}")
@@ -230,8 +231,9 @@ def _check_prediction(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
 
 def _check_group(e: dict[str, Any], cfg: AllocationConfig) -> list[str]:
     out = []
-    if e["size"] != cfg.n:
-        out.append(f"step {e['step']}: training group of prompt {e['prompt']} has {e['size']} rollouts, not n = {cfg.n}")
+    sizes = (cfg.n, cfg.history.large_factor * cfg.n) if cfg.strategy == "pilot_commit" and cfg.history.sized else (cfg.n,)
+    if e["size"] not in sizes:
+        out.append(f"step {e['step']}: training group of prompt {e['prompt']} has {e['size']} rollouts, not {' or '.join(map(str, sizes))}")
     if STRATEGIES[cfg.strategy].drops_uniform_groups and e["successes"] in (0, e["size"]):
         out.append(f"step {e['step']}: DAPO trained on prompt {e['prompt']} whose rollouts all scored alike")
     return out

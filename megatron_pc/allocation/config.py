@@ -88,6 +88,13 @@ class HistoryConfig:
     """Give a prompt its n rollouts at once, with no pilot, when its posterior says that yields more
     informative groups per rollout than piloting it (a prompt confidently in the band, or a pool on
     which pilots mostly survive); the group is trained if its rewards differ."""
+    sized: bool = False
+    """Size each new prompt's rollouts by its posterior (docs/metadata_prior.md, "Sized counts"):
+    a pilot, n rollouts directly, or ``large_factor`` x n directly for a prompt informative only
+    with more samples, whichever is expected to put the most generated rollouts into informative
+    groups. Needs ``direct_commit``."""
+    large_factor: int = 2
+    """The larger group of ``sized``: this many times n rollouts, trained as one group."""
     posterior_evict: bool = False
     """Evict a prompt when its posterior puts p > ``evict_level`` with probability >= ``confidence``,
     instead of after one pilot with p_hat >= p_evict."""
@@ -170,6 +177,10 @@ class HistoryConfig:
             raise ConfigError("metadata", f"names a field twice: {self.metadata!r}")
         if self.metadata_bins < 2:
             raise ConfigError("metadata_bins", f"must be >= 2, got {self.metadata_bins}")
+        if self.sized and not self.direct_commit:
+            raise ConfigError("sized", "needs direct_commit (a sized prompt may get its rollouts directly); set direct_commit=true or a preset")
+        if self.large_factor < 2:
+            raise ConfigError("large_factor", f"must be >= 2 (the larger group is this many times n), got {self.large_factor}")
         if self.metadata_min_judged < 0:
             raise ConfigError("metadata_min_judged", f"must be >= 0, got {self.metadata_min_judged}")
         if self.metadata_shrink <= 0:

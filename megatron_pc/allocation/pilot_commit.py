@@ -219,13 +219,14 @@ class PilotCommit(AllocationStrategy):
                     self._screen(prompt, post, p_keep, predicted, pop_post.mean, source)
                     continue
             p_direct = post.p_informative(cfg.n)
-            if h.direct_commit and p_direct / cfg.n > p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts):
+            size = self._sized(post, p_keep, p_direct) if h.sized else cfg.n if h.direct_commit and p_direct / cfg.n > p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts) else 0
+            if size:
                 if directs >= room:  # the step has no room for it: it waits for a later round
                     self.pool.undraw(1)
                     break
                 directs += 1
-                expected += p_direct
-                new.append(Request(prompt, cfg.n, "full"))
+                expected += p_direct if size == cfg.n else post.p_informative(size)
+                new.append(Request(prompt, size, "full"))
             else:
                 expected += p_keep
                 new.append(Request(prompt, cfg.pilot.n, "pilot"))
@@ -243,10 +244,26 @@ class PilotCommit(AllocationStrategy):
             self._planned.pop(new.pop().prompt)  # trimmed: skipped this epoch, as a short last draw is
         self.acct.add("prompts_drawn", len(new))
         self.acct.add("prompts_direct", sum(1 for r in new if r.kind == "full"))
+        self.acct.add("prompts_direct_large", sum(1 for r in new if r.kind == "full" and r.n > cfg.n))
         self.acct.add("prompts_explored", sum(1 for r in new if self._planned[r.prompt]["explore"]))
         self._committing = self.buffer.take(max(n_commits, 0))
         self.acct.add("buffer_pops", len(self._committing))
         return new + [Request(e.prompt, cfg.commit_rollouts, "commit") for e in self._committing]
+
+    def _sized(self, post: Posterior, p_keep: float, p_direct: float) -> int:
+        """Sized counts: the rollouts a new prompt gets directly (n or ``large_factor`` x n), or 0 for
+        a pilot, whichever is expected to put the most of its generated rollouts into informative
+        groups. A pilot's group of n is trained with probability P(keep) at pilot.n + P(keep) x
+        commit_n rollouts; k rollouts given directly are all trained with probability P(informative
+        in k). Ties go to the cheaper (the pilot, then n)."""
+        cfg = self.cfg
+        large = cfg.history.large_factor * cfg.n
+        options = [(p_keep * cfg.n / (cfg.pilot.n + p_keep * cfg.commit_rollouts), 0), (p_direct, cfg.n), (post.p_informative(large), large)]
+        best_value, best = options[0]
+        for value, size in options[1:]:
+            if value > best_value * (1.0 + 1e-9):
+                best_value, best = value, size
+        return best
 
     def _screen(self, prompt: int, post: Posterior, p_keep: float, predicted: float | None = None, pop_mean: float | None = None,
                 source: str | None = None) -> None:  # fmt: skip

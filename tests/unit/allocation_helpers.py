@@ -81,7 +81,8 @@ def assert_step_accounting(results: list[StepResult], events: list[dict[str, Any
         m = r.metrics
         assert m["generated"] == m["generated_pilot"] + m["generated_commit"] + m["generated_full"]
         assert len(r.groups) <= cfg.train_batch and len({g.prompt for g in r.groups}) == len(r.groups)
-        assert all(g.size == cfg.n for g in r.groups)
+        sizes = {cfg.n, cfg.history.large_factor * cfg.n} if cfg.history.sized else {cfg.n}  # sized counts: a larger group too
+        assert all(g.size in sizes for g in r.groups)
     last = results[-1].metrics
     assert last["cum_generated_pilot"] == sum(e["n"] for e in events if e["event"] == "pilot")
     assert last["cum_generated_commit"] == sum(e["n"] for e in events if e["event"] == "commit")

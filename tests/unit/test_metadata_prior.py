@@ -258,6 +258,7 @@ def metadata_setups(draw: st.DrawFn) -> tuple[AllocationConfig, int, int, int, i
             preset="metadata", metadata=["difficulty"], explore=draw(st.sampled_from([0.0, 0.05, 0.5])),
             half_life=draw(st.sampled_from([2.0, 50.0])), recency_half_life=draw(st.sampled_from([1.0, 20.0])),
             metadata_shrink=draw(st.sampled_from([0.5, 8.0])), metadata_min_judged=draw(st.sampled_from([0, 2, 8])),
+            sized=draw(st.booleans()), large_factor=draw(st.sampled_from([2, 3])),
             min_fit=draw(st.sampled_from([0.0, 32.0])), pilot_floor=draw(st.integers(1, 8)),
             **{o: draw(st.booleans()) for o in ("demand_pilots", "direct_commit", "posterior_evict")},
         )  # fmt: skip
@@ -309,3 +310,52 @@ def test_resuming_mid_epoch_with_metadata_priors_gives_the_identical_future(setu
     assert [r.metrics for r in future_a] == [r.metrics for r in future_b]
     assert trace_a.events[mark:] == trace_b.events
     assert json.dumps(a.state_dict()) == json.dumps(b.state_dict())
+
+
+# ---- sized counts ---------------------------------------------------------------------------------
+def _sizer(**history: object):
+    cfg = AllocationConfig(strategy="pilot_commit", train_batch=8, n=64, pilot=PilotConfig(n=16, batch=24),
+                           history=HistoryConfig(preset="metadata", metadata=["d"], sized=True, **history))  # fmt: skip
+    return _strategy(cfg, ["x"] * 100, 0)
+
+
+@pytest.mark.parametrize(("a", "b", "size"), [
+    (3.0, 97.0, 128),    # surely about 3%: 64 rollouts are all wrong a seventh of the time, 128 almost never
+    (50.0, 50.0, 64),    # surely about a half: n rollouts are informative; a pilot would cost its 16 for nothing
+    (0.05, 2.0, 0),      # most likely never solved, perhaps sometimes: a pilot is the cheap way to find out
+])  # fmt: skip
+def test_sized_counts_give_each_prompt_what_puts_the_most_rollouts_into_informative_groups(a: float, b: float, size: int) -> None:
+    from megatron_pc.allocation.history import Posterior
+
+    strategy = _sizer()
+    post = Posterior(a, b, 0.0)
+    cfg = strategy.cfg
+    p_keep = post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
+    assert strategy._sized(post, p_keep, post.p_informative(cfg.n)) == size
+
+
+def test_sized_counts_need_direct_commit_and_a_larger_group() -> None:
+    with pytest.raises(ConfigError, match="sized"):
+        HistoryConfig(sized=True)
+    with pytest.raises(ConfigError, match="large_factor"):
+        HistoryConfig(preset="history_aware", sized=True, large_factor=1)
+
+
+def test_sized_counts_put_more_of_a_hard_pools_rollouts_into_training() -> None:
+    # A hard pool: 40% never solved, 40% solved 4% of the time, 20% solved 40%; the label tells the three apart.
+    kinds = [(0.0, "d=9"), (0.0, "d=9"), (0.04, "d=7"), (0.04, "d=7"), (0.4, "d=5")] * 800
+    rates, keys = [r for r, _ in kinds], [k for _, k in kinds]
+    figures = {}
+    for sized in (False, True):
+        cfg = AllocationConfig(strategy="pilot_commit", train_batch=8, n=64, pilot=PilotConfig(n=16, batch=24),
+                               history=HistoryConfig(preset="metadata", metadata=["d"], sized=sized), max_rounds=10,
+                               on_round_limit="train_partial")  # fmt: skip
+        trace = ListTrace()
+        strategy = _strategy(cfg, keys, 3, trace)
+        results = _run(strategy, BernoulliPolicy(rates, 3), NoiseFeatures(len(rates), 3), 40)
+        assert check_trace(trace.events, cfg) == []
+        m = results[-1].metrics
+        figures[sized] = (m["cum_generated_pilot"] / m["cum_generated"], m["cum_trained_rollouts"] / m["cum_generated"], m["cum_prompts_direct_large"])
+    (pilot_off, trained_off, large_off), (pilot_on, trained_on, large_on) = figures[False], figures[True]
+    assert large_off == 0 and large_on > 0
+    assert pilot_on < pilot_off and trained_on > trained_off
