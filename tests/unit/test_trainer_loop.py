@@ -237,6 +237,14 @@ def test_metadata_priors_get_the_records_buckets_from_the_driver_and_resume_exac
     keys = ("generated", "bucket_coverage", "prompts_bucket_prior", "share_screened", "screen_brier")
     assert [[r.get(k) for k in keys] for r in second] == [[r.get(k) for k in keys] for r in first]
     assert read_trace(more.resolved_run_dir / "trace.jsonl") == trace
+    # Sized counts through the real update path: groups of 2n are trained whole beside groups of n.
+    sized = _cfg(tmp_path / "sized", "pilot_commit", *meta, "allocation.history.sized=true", "training.steps=8")
+    Trainer(sized, _data_with_difficulty(tmp_path), partial(StandInWorkers)).run()
+    rows = read_metrics(sized.resolved_run_dir / "metrics.jsonl")
+    sized_trace = read_trace(sized.resolved_run_dir / "trace.jsonl")
+    assert check_trace(sized_trace, sized.allocation) == []
+    large = [e for e in sized_trace if e["event"] == "train_group" and e["size"] == 16]
+    assert sum(r["prompts_direct_large"] for r in rows[1:]) > 0 and large
     # A field no record carries is refused, naming it, before any worker starts.
     with pytest.raises(ConfigError, match="'grade'"):
         Trainer(_cfg(tmp_path / "bad", "pilot_commit", "allocation.history.preset=metadata", "allocation.history.metadata=[grade]"),
