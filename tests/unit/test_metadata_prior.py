@@ -359,3 +359,23 @@ def test_sized_counts_put_more_of_a_hard_pools_rollouts_into_training() -> None:
     (pilot_off, trained_off, large_off), (pilot_on, trained_on, large_on) = figures[False], figures[True]
     assert large_off == 0 and large_on > 0
     assert pilot_on < pilot_off and trained_on > trained_off
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo", "speed_rl", "greso", "mopps", "pilot_commit"])
+def test_every_strategy_reports_its_bucket_coverage_when_given_the_buckets(name: str) -> None:
+    keys = ["a", "b", "c", "d"] * 30
+    rates = [0.5, 0.5, 0.0, 1.0] * 30  # only a and b can be trained by a filter
+    cfg = AllocationConfig(strategy=name, train_batch=4, n=8, pilot=PilotConfig(n=2, batch=12), dapo_batch=4, max_rounds=20,
+                           on_round_limit="train_partial")  # fmt: skip
+    trace = ListTrace()
+    strategy = _strategy(cfg, keys, 5, trace)
+    results = _run(strategy, BernoulliPolicy(rates, 5), None, 40)
+    assert check_trace(trace.events, cfg) == []
+    ends = [e for e in trace.events if e["event"] == "epoch_end"]
+    # An epoch shorter than a step can end before any of its groups is trained (they count for the next).
+    assert ends and all(0.0 <= e["bucket_coverage"] <= 1.0 for e in ends) and any(e["bucket_coverage"] > 0 for e in ends)
+    trained = {keys[e["prompt"]] for e in trace.events if e["event"] == "train_group" and e["step"] <= ends[0]["step"]}
+    assert all(r.metrics["buckets_trained"] <= 4 for r in results)
+    if name == "grpo":  # GRPO trains whatever it draws: every bucket, every epoch
+        assert all(e["bucket_coverage"] == 1.0 for e in ends)
+    assert {"a", "b"} <= trained
