@@ -41,6 +41,21 @@ def run_steps(strategy: AllocationStrategy, policy: BernoulliPolicy, steps: int)
     return results
 
 
+def run_with_features(strategy: AllocationStrategy, policy: BernoulliPolicy, source: Any, steps: int) -> list[StepResult]:
+    """Drive ``steps`` steps the way the trainer does, features handed over before every round
+    (``source`` None: none, as for a strategy that asks for none)."""
+    from megatron_pc.allocation.feature_sources import supply_features
+
+    results = []
+    for _ in range(steps):
+        while not strategy.batch_ready():
+            supply_features(strategy, source, strategy.step)
+            plan = strategy.plan_round()
+            strategy.observe(plan, policy.generate(plan))
+        results.append(strategy.finish_step())
+    return results
+
+
 def spread_rates(size: int, seed: int, easy: float = 0.2, hard: float = 0.2) -> list[float]:
     """Success rates with a share of always-solved and never-solved prompts, the rest uniform."""
     rng = random.Random(seed)

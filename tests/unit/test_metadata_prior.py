@@ -12,17 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_pc.allocation import AllocationStrategy, RoundPlan, StepResult, build_strategy
+from megatron_pc.allocation import AllocationStrategy, RoundPlan, build_strategy
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.config import AllocationConfig, HistoryConfig, PilotConfig
-from megatron_pc.allocation.feature_sources import supply_features
 from megatron_pc.allocation.history import beta_by_moments
 from megatron_pc.allocation.metadata_prior import MetadataPrior, bucket_keys
 from megatron_pc.allocation.trace import ListTrace
 from megatron_pc.data.records import record_from_row
 from megatron_pc.errors import ConfigError
 
-from allocation_helpers import BernoulliPolicy, assert_step_accounting, draw_pilot_commit
+from allocation_helpers import BernoulliPolicy, assert_step_accounting, draw_pilot_commit, run_with_features
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -169,15 +168,7 @@ def _strategy(cfg: AllocationConfig, keys: list[str], seed: int, trace: ListTrac
     return strategy
 
 
-def _run(strategy: AllocationStrategy, policy, source, steps: int) -> list[StepResult]:
-    results = []
-    for _ in range(steps):
-        while not strategy.batch_ready():
-            supply_features(strategy, source, strategy.step)
-            plan = strategy.plan_round()
-            strategy.observe(plan, policy.generate(plan))
-        results.append(strategy.finish_step())
-    return results
+_run = run_with_features
 
 
 def test_a_bucket_prior_screens_hopeless_prompts_never_seen_where_ngrams_cannot() -> None:

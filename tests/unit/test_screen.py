@@ -12,15 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_pc.allocation import AllocationStrategy, StepResult, build_strategy
+from megatron_pc.allocation import build_strategy
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.config import AllocationConfig, HistoryConfig, PilotConfig
-from megatron_pc.allocation.feature_sources import NgramFeatures, check_feature_source, ngram_vector, supply_features
+from megatron_pc.allocation.feature_sources import NgramFeatures, check_feature_source, ngram_vector
 from megatron_pc.allocation.predictor import ScreenPredictor, auc, brier
 from megatron_pc.allocation.trace import ListTrace
 from megatron_pc.errors import ConfigError
 
-from allocation_helpers import BernoulliPolicy, assert_step_accounting, draw_pilot_commit, spread_rates
+from allocation_helpers import BernoulliPolicy, assert_step_accounting, draw_pilot_commit, run_with_features, spread_rates
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -39,16 +39,7 @@ class RateFeatures:
         return {p: self.table[p] for p in prompts}
 
 
-def run_screen(strategy: AllocationStrategy, policy: BernoulliPolicy, source, steps: int) -> list[StepResult]:
-    """Drive ``steps`` steps the way the trainer does, features handed over before every round."""
-    results = []
-    for _ in range(steps):
-        while not strategy.batch_ready():
-            supply_features(strategy, source, strategy.step)
-            plan = strategy.plan_round()
-            strategy.observe(plan, policy.generate(plan))
-        results.append(strategy.finish_step())
-    return results
+run_screen = run_with_features
 
 
 # ---- the predictor ----------------------------------------------------------------------
