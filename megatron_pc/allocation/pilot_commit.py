@@ -171,6 +171,7 @@ class PilotCommit(AllocationStrategy):
         if h.metadata and self.meta is None:
             raise ConfigError("allocation.history.metadata", "this run gave the strategy no record metadata (set_prompt_metadata was not called)")
         population = history.population_moments(self.step) if self.meta is not None else None
+        fresh = self._fresh_value(Posterior(prior[0], prior[1], 0.0)) if h.sized else 0.0
         new: list[Request] = []
         expected, scanned, directs, epoch_ends = 0.0, 0, 0, 0
         while len(new) < limit and (expected < demand or len(new) < floor) and scanned < 20 * limit:
@@ -219,7 +220,7 @@ class PilotCommit(AllocationStrategy):
                     self._screen(prompt, post, p_keep, predicted, pop_post.mean, source)
                     continue
             p_direct = post.p_informative(cfg.n)
-            size = self._sized(post, p_keep, p_direct) if h.sized else cfg.n if h.direct_commit and p_direct / cfg.n > p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts) else 0
+            size = self._sized(post, p_keep, p_direct, fresh) if h.sized else cfg.n if h.direct_commit and p_direct / cfg.n > p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts) else 0
             if size:
                 if directs >= room:  # the step has no room for it: it waits for a later round
                     self.pool.undraw(1)
@@ -250,20 +251,32 @@ class PilotCommit(AllocationStrategy):
         self.acct.add("buffer_pops", len(self._committing))
         return new + [Request(e.prompt, cfg.commit_rollouts, "commit") for e in self._committing]
 
-    def _sized(self, post: Posterior, p_keep: float, p_direct: float) -> int:
-        """Sized counts: the rollouts a new prompt gets directly (n or ``large_factor`` x n), or 0 for
-        a pilot, whichever is expected to put the most of its generated rollouts into informative
-        groups. A pilot's group of n is trained with probability P(keep) at pilot.n + P(keep) x
-        commit_n rollouts; k rollouts given directly are all trained with probability P(informative
-        in k). Ties go to the cheaper (the pilot, then n)."""
+    def _pilot_or_direct(self, post: Posterior, p_keep: float, p_direct: float) -> tuple[float, int]:
+        """(informative groups per rollout, size) of the better of a pilot (size 0) and n rollouts
+        directly: history-aware Pilot-Commit's direct rule."""
         cfg = self.cfg
+        pilot = p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts)
+        return (p_direct / cfg.n, cfg.n) if p_direct / cfg.n > pilot else (pilot, 0)
+
+    def _fresh_value(self, fresh: Posterior) -> float:
+        """Informative groups per rollout a prompt drawn fresh from the pool is expected to give
+        (under the population prior): what the extra rollouts of a larger group could buy instead."""
+        cfg = self.cfg
+        return self._pilot_or_direct(fresh, fresh.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper), fresh.p_informative(cfg.n))[0]
+
+    def _sized(self, post: Posterior, p_keep: float, p_direct: float, fresh: float) -> int:
+        """Sized counts: a pilot (0), n rollouts directly, or ``large_factor`` x n directly. The
+        first two as the direct rule chooses them (informative groups per rollout); n becomes the
+        larger group when its extra rollouts add more informative groups per rollout than the same
+        rollouts spent on prompts drawn fresh (``fresh``, :meth:`_fresh_value`): the marginal rule
+        of a knapsack whose items are rollouts. It pays for a prompt the posterior puts at a low but
+        nonzero rate when fresh prompts are poor (a hard pool, or a small one the epoch has used up)."""
+        cfg = self.cfg
+        _, size = self._pilot_or_direct(post, p_keep, p_direct)
         large = cfg.history.large_factor * cfg.n
-        options = [(p_keep * cfg.n / (cfg.pilot.n + p_keep * cfg.commit_rollouts), 0), (p_direct, cfg.n), (post.p_informative(large), large)]
-        best_value, best = options[0]
-        for value, size in options[1:]:
-            if value > best_value * (1.0 + 1e-9):
-                best_value, best = value, size
-        return best
+        if size and (post.p_informative(large) - p_direct) / (large - cfg.n) > fresh:
+            return large
+        return size
 
     def _screen(self, prompt: int, post: Posterior, p_keep: float, predicted: float | None = None, pop_mean: float | None = None,
                 source: str | None = None) -> None:  # fmt: skip

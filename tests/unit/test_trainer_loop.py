@@ -237,9 +237,12 @@ def test_metadata_priors_get_the_records_buckets_from_the_driver_and_resume_exac
     keys = ("generated", "bucket_coverage", "prompts_bucket_prior", "share_screened", "screen_brier")
     assert [[r.get(k) for k in keys] for r in second] == [[r.get(k) for k in keys] for r in first]
     assert read_trace(more.resolved_run_dir / "trace.jsonl") == trace
-    # Sized counts through the real update path: groups of 2n are trained whole beside groups of n.
+    # Sized counts through the real update path: groups of 2n are trained whole beside groups of n
+    # (fresh prompts made worthless here, so that every direct prompt the posterior doubts gets 2n).
     sized = _cfg(tmp_path / "sized", "pilot_commit", *meta, "allocation.history.sized=true", "training.steps=8")
-    Trainer(sized, _data_with_difficulty(tmp_path), partial(StandInWorkers)).run()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("megatron_pc.allocation.pilot_commit.PilotCommit._fresh_value", lambda self, fresh: 0.0)
+        Trainer(sized, _data_with_difficulty(tmp_path), partial(StandInWorkers)).run()
     rows = read_metrics(sized.resolved_run_dir / "metrics.jsonl")
     sized_trace = read_trace(sized.resolved_run_dir / "trace.jsonl")
     assert check_trace(sized_trace, sized.allocation) == []
