@@ -270,7 +270,7 @@ class PilotCommit(AllocationStrategy):
         larger group when its extra rollouts add more informative groups per rollout than the same
         rollouts spent on prompts drawn fresh (``fresh``, :meth:`_fresh_value`): the marginal rule
         of a knapsack whose items are rollouts. It pays for a prompt the posterior puts at a low but
-        nonzero rate when fresh prompts are poor (a hard pool, or a small one the epoch has used up)."""
+        nonzero rate when the population prior says fresh prompts are poor (a hard pool)."""
         cfg = self.cfg
         _, size = self._pilot_or_direct(post, p_keep, p_direct)
         large = cfg.history.large_factor * cfg.n
