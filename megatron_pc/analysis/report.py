@@ -140,6 +140,8 @@ def run_figures(run: Run) -> dict[str, Any]:
         "updates_per_step": mean("updates"),
         "rollouts": generated,
         "trained_share": (last.get("cum_trained_rollouts") or 0) / generated if generated else None,
+        "pilot_share": (last.get("cum_generated_pilot") or 0) / generated if generated and "cum_generated_pilot" in last else None,
+        "bucket_coverage": mean("bucket_coverage"),
         "pilot_keep_rate": (last.get("cum_prompts_kept") or 0) / piloted if piloted else None,
         "prompts_evicted": last.get("cum_prompts_evicted"),
         "direct_share": (last.get("cum_prompts_direct") or 0) / drawn if drawn and "cum_prompts_direct" in last else None,
