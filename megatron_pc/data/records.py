@@ -8,13 +8,13 @@ One record per prompt:
 - ``answer`` (str): the reference final answer, checked by the reward function
 - ``source`` (str, optional): where the prompt comes from (``gsm_symbolic``, ``deepmath``, ...)
 - ``difficulty`` (number, optional): any scale; larger is harder
-- any other field whose value is a string, number or boolean, and those of a nested
-  ``extra_info`` object (as ``extra_info.<key>``), are kept as the record's ``metadata``, which
-  ``allocation.history.metadata`` may name
+- any other field whose value is a number, a boolean or a string of at most 200 characters
+  (and those of a nested ``extra_info`` object, as ``extra_info.<key>``) is kept in the record's
+  ``metadata``, which ``allocation.history.metadata`` may name
 
-Other values (lists, objects) are ignored. A bad row raises :class:`~megatron_pc.errors.DataError` naming the
-file, the line (jsonl, 1-based) or row (parquet, 1-based) and the field; a duplicate id names
-both lines. See docs/data.md.
+Other values (lists, objects, long texts) are ignored. A bad row raises
+:class:`~megatron_pc.errors.DataError` naming the file, the line (jsonl, 1-based) or row
+(parquet, 1-based) and the field; a duplicate id names both lines. See docs/data.md.
 """
 
 from __future__ import annotations
@@ -102,8 +102,14 @@ def record_from_row(row: Any, where: str) -> PromptRecord:
 OWN_FIELDS = frozenset({"id", "prompt", "answer", "source", "difficulty"})
 
 
+METADATA_MAX_CHARS = 200
+"""Longer strings (a worked solution, a long note) are not labels: they are not kept as metadata."""
+
+
 def _scalar(value: Any) -> bool:
-    return isinstance(value, (str, bool)) or (isinstance(value, (int, float)) and math.isfinite(value))
+    if isinstance(value, str):
+        return len(value) <= METADATA_MAX_CHARS
+    return isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value))
 
 
 def _metadata(row: dict[str, Any]) -> tuple[tuple[str, str | float | bool], ...]:

@@ -52,9 +52,9 @@ def test_a_numeric_field_with_many_values_is_cut_into_equal_count_bins() -> None
 
 
 def test_fields_of_extra_info_and_other_columns_are_kept_and_named() -> None:
-    row = {"id": "x", "prompt": "1+1=", "answer": "2", "topic": "algebra", "extra_info": {"level": 4, "tags": ["a"]}}
+    row = {"id": "x", "prompt": "1+1=", "answer": "2", "topic": "algebra", "solution": "x" * 201, "extra_info": {"level": 4, "tags": ["a"]}}
     record = record_from_row(row, "f.jsonl:1")
-    assert dict(record.metadata) == {"topic": "algebra", "extra_info.level": 4}  # a list is not a scalar: left out
+    assert dict(record.metadata) == {"topic": "algebra", "extra_info.level": 4}  # a list, and a long text, are not labels
     assert bucket_keys([record], ["topic", "extra_info.level"], bins=8) == ["topic=algebra;extra_info.level=4"]
     assert record_from_row(record.to_row(), "round trip") == record
 
