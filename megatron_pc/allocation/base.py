@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from megatron_pc.allocation.accounting import Accounting
 from megatron_pc.allocation.config import AllocationConfig
+from megatron_pc.allocation.metadata_prior import index_buckets
 from megatron_pc.allocation.pool import PromptPool
 from megatron_pc.allocation.rng import rng_from_json, rng_to_json
 from megatron_pc.allocation.trace import NullTrace, TraceSink
@@ -190,9 +191,7 @@ class AllocationStrategy(ABC):
         round. The share of buckets trained in the epoch is then reported (``bucket_coverage``)."""
         if len(keys) != self.pool.size:
             raise ValueError(f"metadata: {len(keys)} bucket keys for a pool of {self.pool.size} prompts")
-        self.bucket_names = sorted(set(keys))
-        index = {name: i for i, name in enumerate(self.bucket_names)}
-        self.buckets = [index[k] for k in keys]
+        self.bucket_names, self.buckets = index_buckets(keys)
 
     def _coverage_gauges(self) -> dict[str, float]:
         if self.buckets is None:

@@ -77,6 +77,14 @@ def _beta_cf(x: float, a: float, b: float) -> float:
     return h
 
 
+def add_outcome(sums: list[float], successes: int, n: int) -> None:
+    """Add one outcome (``successes`` of ``n >= 2`` rollouts) to faded moment sums [weight, sum of
+    p, sum of p^2]: ``x / n`` is unbiased for p and ``x (x - 1) / (n (n - 1))`` for p^2."""
+    sums[0] += 1.0
+    sums[1] += successes / n
+    sums[2] += successes * (successes - 1) / (n * (n - 1))
+
+
 def beta_by_moments(m1: float, m2: float, max_strength: float = 1000.0) -> tuple[float, float]:
     """The Beta(a, b) whose mean is ``m1`` and second moment ``m2`` (estimates of E[p], E[p^2]);
     a + b kept within [0.1, ``max_strength``], each of a, b at least 0.02."""
@@ -143,9 +151,7 @@ class PromptHistory:
         if entry is None:
             if n >= 2:  # x(x-1) / (n(n-1)) is unbiased for p^2 only with two or more rollouts
                 self._fade_population(step)
-                self._pop[0] += 1.0
-                self._pop[1] += successes / n
-                self._pop[2] += successes * (successes - 1) / (n * (n - 1))
+                add_outcome(self._pop, successes, n)
             self._seen[prompt] = [float(successes), float(n - successes), float(step)]
             return
         fade = self._fade(step - entry[2])

@@ -32,7 +32,7 @@ import bisect
 import random
 from typing import Any, Sequence
 
-from megatron_pc.allocation.history import MIN_PRIOR_WEIGHT, beta_by_moments
+from megatron_pc.allocation.history import MIN_PRIOR_WEIGHT, add_outcome, beta_by_moments
 from megatron_pc.errors import ConfigError
 
 MISSING = "?"
@@ -92,13 +92,19 @@ def bucket_keys(records: Sequence[Any], fields: Sequence[str], bins: int, noise:
     return keys
 
 
+def index_buckets(keys: Sequence[str]) -> tuple[list[str], list[int]]:
+    """The bucket names, sorted, and each prompt's index into them."""
+    names = sorted(set(keys))
+    index = {name: i for i, name in enumerate(names)}
+    return names, [index[k] for k in keys]
+
+
 class MetadataPrior:
     """Faded outcome moments per bucket and the hierarchical Beta prior they give."""
 
-    def __init__(self, keys: Sequence[str], half_life: float, shrink: float, min_judged: int = 0) -> None:
-        self.names = sorted(set(keys))
-        index = {name: i for i, name in enumerate(self.names)}
-        self.bucket = [index[k] for k in keys]  # prompt -> bucket index
+    def __init__(self, names: Sequence[str], bucket: Sequence[int], half_life: float, shrink: float, min_judged: int = 0) -> None:
+        self.names = list(names)  # the buckets, sorted (AllocationStrategy.set_prompt_metadata)
+        self.bucket = bucket  # prompt -> index into names
         self.half_life = half_life
         self.shrink = shrink
         self.min_judged = min_judged
@@ -118,10 +124,7 @@ class MetadataPrior:
         if n < 2:
             return
         self._fade_to(step)
-        sums = self._sums[self.bucket[prompt]]
-        sums[0] += 1.0
-        sums[1] += successes / n
-        sums[2] += successes * (successes - 1) / (n * (n - 1))
+        add_outcome(self._sums[self.bucket[prompt]], successes, n)
 
     def weight(self, prompt: int, step: int) -> float:
         """Faded judged outcomes of the prompt's bucket."""

@@ -98,7 +98,8 @@ class PilotCommit(AllocationStrategy):
         super().set_prompt_metadata(keys)
         if self.cfg.history.metadata:
             h = self.cfg.history
-            self.meta = MetadataPrior(keys, h.recency_half_life, h.metadata_shrink, h.metadata_min_judged)
+            assert self.buckets is not None
+            self.meta = MetadataPrior(self.bucket_names, self.buckets, h.recency_half_life, h.metadata_shrink, h.metadata_min_judged)
 
     # ---- features ----------------------------------------------------------------------
     @property

@@ -35,6 +35,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from megatron_pc.allocation.config import HistoryConfig
+from megatron_pc.allocation.history import add_outcome
 
 PREDICTION_DECIMALS = 2
 """Predictions are rounded so that prompts predicted alike share one prior (and its cached pmf)."""
@@ -218,10 +219,7 @@ class ScreenPredictor:
         if predicted is not None and n >= 2:
             m = predicted
             if self.bins:
-                sums = self._bin_sums[min(int(m * self.bins), self.bins - 1)]
-                sums[0] += 1.0
-                sums[1] += successes / n
-                sums[2] += successes * (successes - 1) / (n * (n - 1))
+                add_outcome(self._bin_sums[min(int(m * self.bins), self.bins - 1)], successes, n)
             self._resid[0] += 1.0
             self._resid[1] += successes * (successes - 1) / (n * (n - 1)) - 2.0 * m * successes / n + m * m
             self._resid[2] += m * (1.0 - m)

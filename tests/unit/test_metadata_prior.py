@@ -16,7 +16,7 @@ from megatron_pc.allocation import AllocationStrategy, RoundPlan, build_strategy
 from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.config import AllocationConfig, HistoryConfig, PilotConfig
 from megatron_pc.allocation.history import beta_by_moments
-from megatron_pc.allocation.metadata_prior import MetadataPrior, bucket_keys
+from megatron_pc.allocation.metadata_prior import MetadataPrior, bucket_keys, index_buckets
 from megatron_pc.allocation.trace import ListTrace
 from megatron_pc.data.records import record_from_row
 from megatron_pc.errors import ConfigError
@@ -76,7 +76,7 @@ def test_noise_shuffles_that_share_of_the_labels_among_themselves() -> None:
 
 # ---- the hierarchical prior ------------------------------------------------------------------
 def test_a_bucket_prior_moves_from_the_population_to_its_own_outcomes() -> None:
-    meta = MetadataPrior(["hard"] * 50 + ["band"] * 50, half_life=1e9, shrink=8.0)
+    meta = MetadataPrior(*index_buckets(["hard"] * 50 + ["band"] * 50), half_life=1e9, shrink=8.0)
     population = (100.0, 40.0, 30.0)  # weight, sum of p, sum of p^2: mean 0.4
     unseen = meta.prior(0, 1, population)
     assert unseen == beta_by_moments(0.4, 0.3, max_strength=8.0)  # nothing seen: the population, as strong as the shrink
@@ -92,7 +92,7 @@ def test_a_bucket_prior_moves_from_the_population_to_its_own_outcomes() -> None:
 
 
 def test_recent_outcomes_weigh_more_and_the_guard_resets_each_epoch() -> None:
-    meta = MetadataPrior(["a"] * 10, half_life=2.0, shrink=1.0, min_judged=3)
+    meta = MetadataPrior(*index_buckets(["a"] * 10), half_life=2.0, shrink=1.0, min_judged=3)
     assert meta.owed(0)
     for k in range(20):
         meta.observe(k % 10, 0, 8, 1)
@@ -107,16 +107,16 @@ def test_recent_outcomes_weigh_more_and_the_guard_resets_each_epoch() -> None:
 
 
 def test_the_state_round_trips_and_other_buckets_are_refused() -> None:
-    meta = MetadataPrior(["a", "b", "a"], half_life=20.0, shrink=8.0, min_judged=2)
+    meta = MetadataPrior(*index_buckets(["a", "b", "a"]), half_life=20.0, shrink=8.0, min_judged=2)
     meta.observe(0, 3, 16, 4)
     meta.observe(1, 9, 16, 6)
     state = json.loads(json.dumps(meta.state_dict()))
-    again = MetadataPrior(["a", "b", "a"], half_life=20.0, shrink=8.0, min_judged=2)
+    again = MetadataPrior(*index_buckets(["a", "b", "a"]), half_life=20.0, shrink=8.0, min_judged=2)
     again.load_state_dict(state)
     pop = (40.0, 12.0, 6.0)
     assert [again.prior(p, 9, pop) for p in range(3)] == [meta.prior(p, 9, pop) for p in range(3)]
     with pytest.raises(ValueError, match="metadata buckets"):
-        MetadataPrior(["a", "c", "a"], half_life=20.0, shrink=8.0).load_state_dict(state)
+        MetadataPrior(*index_buckets(["a", "c", "a"]), half_life=20.0, shrink=8.0).load_state_dict(state)
 
 
 # ---- settings ---------------------------------------------------------------------------------
