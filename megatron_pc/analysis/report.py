@@ -37,7 +37,7 @@ from typing import Any
 from megatron_pc.analysis.budget import STATISTIC, accuracy_at_budgets, budget_targets, paired_ratio, validation_precision
 from megatron_pc.analysis.report_format import markdown
 from megatron_pc.analysis.report_plots import draw_all
-from megatron_pc.analysis.runs import (HISTORY_AWARE, MAIN_STRATEGIES, REFERENCE, Point, Run, check_unique, load_run,
+from megatron_pc.analysis.runs import (MAIN_STRATEGIES, REFERENCE, VARIANT_REFERENCES, Point, Run, check_unique, load_run,
                                        relative_path, step_train_seconds, validation_seconds)
 from megatron_pc.errors import MegatronPCError
 
@@ -105,7 +105,7 @@ def compare(runs: list[Run], targets: list[float]) -> dict[str, Any]:
         for name in _labels(runs):
             mine = sorted((r for r in runs if r.strategy == name), key=lambda r: r.seed)
             entry["strategies"][name] = {axis: spread({r.seed: first_reach(r.points, target, axis) for r in mine}) for axis in ("rollouts", "seconds")}
-        for reference in (REFERENCE, HISTORY_AWARE):
+        for reference in (REFERENCE, *VARIANT_REFERENCES):
             ref = entry["strategies"].get(reference)
             if ref is None:
                 continue

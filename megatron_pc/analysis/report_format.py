@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from megatron_pc.analysis.budget import interval_text
-from megatron_pc.analysis.runs import HISTORY_AWARE, REFERENCE
+from megatron_pc.analysis.runs import REFERENCE, VARIANT_REFERENCES
 
 
 def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
@@ -125,14 +125,14 @@ _ALLOCATION_COLUMNS = (
 )
 
 
-def _history_table(reg: dict[str, Any]) -> list[str]:
-    """Every other strategy's rollouts over history-aware Pilot-Commit's, per target."""
-    others = [n for n in reg["strategies"] if n != HISTORY_AWARE]
-    head = ["target"] + [f"{n}/{HISTORY_AWARE}" for n in others]
+def _variant_table(reg: dict[str, Any], variant: str) -> list[str]:
+    """Every other strategy's rollouts over one of Pilot-Commit's variants', per target."""
+    others = [n for n in reg["strategies"] if n != variant]
+    head = ["target"] + [f"{n}/{variant}" for n in others]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for frac, t in zip(reg["fractions"], reg["targets"]):
         cells = [f"{t['accuracy']:.3f} ({100 * frac:.0f}%)"]
-        cells += [_ratio_cell(t["strategies"][n][f"vs_{HISTORY_AWARE}"]["rollouts"]).replace("PC", HISTORY_AWARE) for n in others]
+        cells += [_ratio_cell(t["strategies"][n][f"vs_{variant}"]["rollouts"]).replace("PC", variant) for n in others]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -168,8 +168,9 @@ def markdown(summary: dict[str, Any], sections: list[str]) -> str:
         else:
             lines += ["", "Rollouts generated to reach each target:", ""] + _reach_table(reg, "rollouts", "{:,.0f}")
             lines += ["", "Training seconds (validation excluded) to reach each target:", ""] + _reach_table(reg, "seconds", "{:,.0f}")
-            if HISTORY_AWARE in reg["strategies"]:
-                lines += ["", f"Rollouts against history-aware Pilot-Commit ({HISTORY_AWARE}; above 1 it needed less):", ""] + _history_table(reg)
+            for variant, what in VARIANT_REFERENCES.items():
+                if variant in reg["strategies"]:
+                    lines += ["", f"Rollouts against {what} ({variant}; above 1 it needed less):", ""] + _variant_table(reg, variant)
         lines += ["", "Allocation (means over seeds and steps; counts at the end of the run):", ""] + _allocation_table(reg)
     plots = summary.get("plots", {})
     if plots:

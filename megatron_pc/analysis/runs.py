@@ -34,8 +34,11 @@ from megatron_pc.metrics.phases import BREAKDOWN_PHASES
 REFERENCE = "pilot_commit"
 """The strategy every other one is compared with."""
 HISTORY_AWARE = "pc_history"
-"""The benchmark's label of history-aware Pilot-Commit (allocation.history.preset=history_aware),
-also compared with every other strategy when present."""
+"""The benchmark's label of history-aware Pilot-Commit (allocation.history.preset=history_aware)."""
+VARIANT_REFERENCES = {HISTORY_AWARE: "history-aware Pilot-Commit", "pc_screen": "screened Pilot-Commit",
+                      "pc_meta": "Pilot-Commit with metadata priors"}
+"""Pilot-Commit's variants that every other strategy is also compared with, when a report has them
+(label: description)."""
 MAIN_STRATEGIES = ("pilot_commit", "grpo", "dapo")
 """Strategies whose final gains set the targets (ablations are measured against them)."""
 FINAL_POINTS = 3
