@@ -126,7 +126,7 @@ _ALLOCATION_COLUMNS = (
 
 
 def _variant_table(reg: dict[str, Any], variant: str) -> list[str]:
-    """Every other strategy's rollouts over one of Pilot-Commit's variants', per target."""
+    """Every other strategy's rollouts over those of one Pilot-Commit variant, per target."""
     others = [n for n in reg["strategies"] if n != variant]
     head = ["target"] + [f"{n}/{variant}" for n in others]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
