@@ -27,7 +27,13 @@ from megatron_pc.analysis.runs import MAIN_STRATEGIES, REFERENCE, Run
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-_COLORS = {"pilot_commit": "tab:green", "grpo": "tab:blue", "dapo": "tab:orange", "grpo_matched": "tab:purple", "pc_sized": "tab:olive"}
+_COLORS = {
+    "pilot_commit": "tab:green", "grpo": "tab:blue", "dapo": "tab:orange",  # the main strategies
+    "speed_rl": "tab:olive", "greso": "tab:red", "mopps": "tab:gray",  # the field's allocators
+    "pc_history": "tab:purple", "pc_screen": "tab:pink", "pc_meta": "tab:brown",  # PC's variants (dashed)
+    "grpo_matched": "tab:cyan", "pc_sized": "black",  # the ablations (dashed)
+}
+"""One colour per label of the benchmark's matrix, so that no two of its lines share one."""
 FIELD_ALLOCATORS = ("speed_rl", "greso", "mopps")
 """The field's allocators: compared strategies, drawn solid like the main ones."""
 _CAP = 4.0

@@ -421,3 +421,12 @@ def test_accuracy_at_budgets_interpolates_between_validations_and_marks_runs_tha
     assert "| pc_history | 1 | 0.600 [0.600-0.600] | - (0/1 got that far) |" in lines["pc_history"]
     bad = subprocess.run([sys.executable, str(script), str(tmp_path), "50,lots"], capture_output=True, text=True)
     assert bad.returncode == 1 and "budgets must be whole numbers" in bad.stderr
+
+
+def test_every_label_of_the_benchmark_matrix_has_its_own_colour() -> None:
+    from megatron_pc.analysis.report_plots import FIELD_ALLOCATORS, _color
+    from megatron_pc.analysis.runs import MAIN_STRATEGIES, VARIANT_REFERENCES
+
+    labels = [*MAIN_STRATEGIES, *FIELD_ALLOCATORS, *VARIANT_REFERENCES, "grpo_matched", "pc_sized"]
+    colours = [_color(name, i) for i, name in enumerate(labels)]
+    assert len(set(colours)) == len(labels), dict(zip(labels, colours))
