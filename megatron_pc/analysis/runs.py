@@ -171,7 +171,7 @@ def load_run(run_dir: str | Path, *, regime: str | None = None, strategy: str | 
     # Several validation sets write their own val_accuracy_stderr; one file is counted here.
     val_prompts = data.get("validation_size") if validation is None else _count_lines(Path(validation)) if isinstance(validation, str) else None
     return Run(
-        regime=regime or regime_label(str(data.get("source", "unknown"))),
+        regime=regime or regime_label(str(data.get("source", "unknown")), data.get("train_size")),
         strategy=str(strategy),
         seed=int(seed if seed is not None else cfg.get("seed", 0)),
         run_dir=path,
@@ -183,10 +183,15 @@ def load_run(run_dir: str | Path, *, regime: str | None = None, strategy: str | 
     )
 
 
-def regime_label(source: str) -> str:
-    """The report's name for a data source: the benchmark regime's name, else the source's."""
+def regime_label(source: str, train_size: int | None = None) -> str:
+    """The report's name for a data source: the benchmark regime's name, else the source's. A
+    regime with a pool of its own (``multi_epoch``: paper_like's prompts, 192 of them) is named
+    only for runs with that pool, so that its runs and those of the full pool stay apart."""
     for name, regime in REGIMES.items():
-        if regime.source == source:
+        if regime.source == source and regime.train_size is not None and regime.train_size == train_size:
+            return name
+    for name, regime in REGIMES.items():
+        if regime.source == source and regime.train_size is None:
             return name
     return source.removeprefix("builtin:") if source.startswith("builtin:") else Path(source).stem
 

@@ -430,3 +430,17 @@ def test_every_label_of_the_benchmark_matrix_has_its_own_colour() -> None:
     labels = [*MAIN_STRATEGIES, *FIELD_ALLOCATORS, *VARIANT_REFERENCES, "grpo_matched", "pc_sized"]
     colours = [_color(name, i) for i, name in enumerate(labels)]
     assert len(set(colours)) == len(labels), dict(zip(labels, colours))
+
+
+def test_the_multi_epoch_pool_is_its_own_task_beside_the_full_paper_like_pool(tmp_path: Path) -> None:
+    from megatron_pc.analysis.runs import check_unique
+
+    runs = []
+    for regime, train_size in (("paper_like", 20000), ("multi_epoch", 192)):
+        run_dir = _write_run(tmp_path / regime / "grpo@reference" / "seed_0", "grpo", 0, [0.2, 0.3], source="builtin:arithmetic_paper_like")
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        cfg["data"]["train_size"] = train_size
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+        runs.append(load_run(run_dir, label_by="dir"))
+    assert [r.regime for r in runs] == ["paper_like", "multi_epoch"]
+    check_unique(runs)  # one report may hold both
