@@ -99,7 +99,7 @@ VARIANTS: dict[str, Variant] = {
     "pc_meta_noisy": Variant("pilot_commit", "pc_meta with 20% of the prompts' difficulty labels shuffled (wrong labels)",
                              lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]",
                                          "allocation.history.metadata_noise=0.2")),  # fmt: skip
-    "pc_meta_sized": Variant("pilot_commit", "pc_meta with sized counts: a pilot, n or 2n rollouts per prompt by its posterior",
+    "pc_meta_sized": Variant("pilot_commit", "pc_meta with sized counts: a short pilot (4 + 60 commits), a pilot, n or 2n rollouts per prompt by its posterior",
                              lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]",
                                          "allocation.history.sized=true")),  # fmt: skip
     "grpo_fair": Variant("grpo", "GRPO whose loss mean counts only the tokens of groups with a nonzero advantage",

@@ -35,6 +35,7 @@ COUNTERS = (
     "prompts_direct",
     "direct_trained",
     "prompts_direct_large",
+    "prompts_short_pilot",
     # the screen's predictor (allocation.history.predictor)
     "prompts_predicted",
     "prompts_featureless",

@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from megatron_pc.allocation import STRATEGIES, AllocationStrategy
 from megatron_pc.allocation.config import AllocationConfig
+from megatron_pc.allocation.pilot_commit import short_pilot
 from megatron_pc.allocation.predictor import apart
 
 
@@ -18,7 +19,7 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
     """Every broken invariant of one run's trace, as readable lines (empty: all hold)."""
     strategy = STRATEGIES[cfg.strategy]
     problems: list[str] = []
-    kept_pilot: dict[int, int] = {}  # prompt -> step of its waiting kept pilot
+    kept_pilot: dict[int, tuple[int, int]] = {}  # prompt -> (step, size) of its waiting kept pilot
     evicted: set[int] = set()
     generated: dict[int, dict[str, int]] = defaultdict(lambda: {"pilot": 0, "commit": 0, "full": 0})
     trained: dict[int, int] = defaultdict(int)
@@ -34,15 +35,19 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
             generated[step]["pilot"] += e["n"]
             problems += _check_pilot(e, cfg, strategy)
             if e["decision"] == "keep":
-                kept_pilot[e["prompt"]] = step
+                kept_pilot[e["prompt"]] = (step, e["n"])
             if e["evict"]:
                 evicted.add(e["prompt"])
         elif kind == "commit":
             generated[step]["commit"] += e["n"]
             if "successes" in e and not 0 <= e["successes"] <= e["n"]:
                 problems.append(f"step {step}: commit of prompt {e['prompt']} reports {e['successes']} successes of {e['n']}")
-            if kept_pilot.pop(e["prompt"], None) != e["pilot_step"]:
+            pilot_step, pilot_n = kept_pilot.pop(e["prompt"], (None, 0))
+            if pilot_step != e["pilot_step"]:
                 problems.append(f"step {step}: commit of prompt {e['prompt']} has no waiting kept pilot from step {e['pilot_step']}")
+            elif cfg.strategy == "pilot_commit" and e["n"] != cfg.n - (cfg.pilot_kept if pilot_n == cfg.pilot.n else pilot_n):
+                problems.append(f"step {step}: commit of prompt {e['prompt']} has {e['n']} rollouts; with the {pilot_n} of its pilot "
+                                f"(kept: {cfg.pilot_kept if pilot_n == cfg.pilot.n else pilot_n}) its group is not n = {cfg.n}")  # fmt: skip
             max_age = strategy.max_commit_age(cfg)
             if step - e["pilot_step"] < 0 or max_age is not None and step - e["pilot_step"] > max_age:
                 problems.append(
@@ -95,6 +100,11 @@ def _check_pilot(e: dict[str, Any], cfg: AllocationConfig, strategy: type[Alloca
         return [f"step {e['step']}: prompt {e['prompt']} was piloted, but {strategy.name} pilots nothing"]
     if e["decision"] != expected:
         out.append(f"step {e['step']}: prompt {e['prompt']} with p_hat {p_hat:.3f} was {e['decision']}, expected {expected}")
+    if cfg.strategy == "pilot_commit":
+        sizes = {cfg.pilot.n, short_pilot(cfg)} - {0}
+        if e["n"] not in sizes:
+            out.append(f"step {e['step']}: prompt {e['prompt']} was piloted with {e['n']} rollouts, not {' or '.join(map(str, sorted(sizes)))} "
+                       "(pilot.n, or history.short_pilot with sized)")  # fmt: skip
     if not strategy.evicts:
         return out + ([f"step {e['step']}: prompt {e['prompt']} was evicted, but {strategy.name} evicts nothing"] if e["evict"] else [])
     return out + _check_evict(e, p_hat, cfg)

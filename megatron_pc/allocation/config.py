@@ -90,11 +90,18 @@ class HistoryConfig:
     which pilots mostly survive); the group is trained if its rewards differ."""
     sized: bool = False
     """Size each new prompt's rollouts by its posterior (docs/metadata_prior.md, "Sized counts"):
-    a pilot, n rollouts directly, or ``large_factor`` x n directly for a prompt informative only
-    with more samples, whichever is expected to put the most generated rollouts into informative
-    groups. Needs ``direct_commit``."""
+    a pilot, a short pilot (``short_pilot``), n rollouts directly, or ``large_factor`` x n directly
+    for a prompt informative only with more samples, whichever is expected to give the most
+    informative groups per rollout. Needs ``direct_commit``."""
     large_factor: int = 2
     """The larger group of ``sized``: this many times n rollouts, trained as one group."""
+    short_pilot: int | None = None
+    """The smaller pilot of ``sized``: this many rollouts, all kept in the prompt's group with
+    n - short_pilot commits when they land in the keep band (at 4 and the reference band, 1 to 3
+    right). Given where it is expected to put more informative groups per rollout than a full
+    pilot or n directly: a prompt likely beyond the policy but not surely. None: a quarter of
+    ``pilot.n`` (4 at the paper's 16 pilots, SPEED-RL's screening size), or none when no count of
+    that many lands in the keep band (pilot.n below 8 at the reference band); 0: none."""
     posterior_evict: bool = False
     """Evict a prompt when its posterior puts p > ``evict_level`` with probability >= ``confidence``,
     instead of after one pilot with p_hat >= p_evict."""
@@ -179,6 +186,8 @@ class HistoryConfig:
             raise ConfigError("metadata_bins", f"must be >= 2, got {self.metadata_bins}")
         if self.sized and not self.direct_commit:
             raise ConfigError("sized", "needs direct_commit (a sized prompt may get its rollouts directly); set direct_commit=true or a preset")
+        if self.short_pilot is not None and self.short_pilot < 0:
+            raise ConfigError("short_pilot", f"must be >= 0 rollouts (0: no short pilots), got {self.short_pilot}")
         if self.large_factor < 2:
             raise ConfigError("large_factor", f"must be >= 2 (the larger group is this many times n), got {self.large_factor}")
         if self.metadata_min_judged < 0:

@@ -72,6 +72,12 @@ class PilotCommit(AllocationStrategy):
                                 f"train_batch ({cfg.train_batch}) even if every pilot survives")  # fmt: skip
         if cfg.buffer.capacity is not None and cfg.buffer.capacity < cfg.train_batch // (cfg.max_rounds - 1):
             fail("buffer.capacity", f"{cfg.buffer.capacity} is too small to fill train_batch within max_rounds")
+        m = short_pilot(cfg)
+        if m:
+            if m >= min(cfg.pilot.n, cfg.n):
+                fail("history.short_pilot", f"{m} must be < pilot.n ({cfg.pilot.n}) and < n ({cfg.n}): it is the smaller pilot (0: none)")
+            if not _keepable(cfg, m):
+                fail("history.short_pilot", f"no count of {m} lands in the keep band [{cfg.p_lower}, {cfg.p_upper}]: a short pilot could never be kept")
 
     @classmethod
     def _rank_rules(cls, cfg: AllocationConfig, ranks: int) -> Iterator[tuple[str, str]]:
@@ -83,6 +89,11 @@ class PilotCommit(AllocationStrategy):
         if cfg.train_batch % step:
             yield "train_batch", (f"with commit_n={cfg.commit_rollouts} over {ranks} generation engines, commits come in multiples of {step}; "
                                   f"train_batch ({cfg.train_batch}) must be a multiple of {step} or the batch can never fill")
+        m = short_pilot(cfg)
+        sizes = {"pilot.n": cfg.pilot.n, "commit_n": cfg.commit_rollouts, "history.short_pilot": m, "n - history.short_pilot": cfg.n - m}
+        if m and any(v % ranks for v in sizes.values()):
+            # Commits of two sizes: a round's rollouts divide evenly whichever survivors the buffer gives.
+            yield "history.short_pilot", f"with short pilots every request size ({', '.join(f'{k} = {v}' for k, v in sizes.items())}) must be a multiple of the {ranks} generation engines (history.short_pilot=0: no short pilots)"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -221,17 +232,24 @@ class PilotCommit(AllocationStrategy):
                     self._screen(prompt, post, p_keep, predicted, pop_post.mean, source)
                     continue
             p_direct = post.p_informative(cfg.n)
-            size = self._sized(post, p_keep, p_direct, fresh) if h.sized else cfg.n if h.direct_commit and p_direct / cfg.n > p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts) else 0
-            if size:
+            if h.sized:
+                kind, size = self._sized(post, p_keep, p_direct, fresh)
+            elif h.direct_commit and p_direct / cfg.n > p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts):
+                kind, size = "full", cfg.n
+            else:
+                kind, size = "pilot", cfg.pilot.n
+            if kind == "full":
                 if directs >= room:  # the step has no room for it: it waits for a later round
                     self.pool.undraw(1)
                     break
                 directs += 1
                 expected += p_direct if size == cfg.n else post.p_informative(size)
-                new.append(Request(prompt, size, "full"))
             else:
+                if size != cfg.pilot.n:  # a short pilot: its keep chances are those of its own size
+                    p_keep = post.p_keep(size, cfg.p_lower, cfg.p_upper)
+                    pop_keep = pop_post.p_keep(size, cfg.p_lower, cfg.p_upper) if pop_post is not post else p_keep
                 expected += p_keep
-                new.append(Request(prompt, cfg.pilot.n, "pilot"))
+            new.append(Request(prompt, size, kind))
             self._planned[prompt] = {"p_keep": p_keep, "p_informative": round(p_direct, 4), "explore": explored}
             if predictor is not None or self.meta is not None:
                 self._planned[prompt].update(predicted_p=predicted, p_keep_population=pop_keep)
@@ -247,37 +265,45 @@ class PilotCommit(AllocationStrategy):
         self.acct.add("prompts_drawn", len(new))
         self.acct.add("prompts_direct", sum(1 for r in new if r.kind == "full"))
         self.acct.add("prompts_direct_large", sum(1 for r in new if r.kind == "full" and r.n > cfg.n))
+        self.acct.add("prompts_short_pilot", sum(1 for r in new if r.kind == "pilot" and r.n != cfg.pilot.n))
         self.acct.add("prompts_explored", sum(1 for r in new if self._planned[r.prompt]["explore"]))
         self._committing = self.buffer.take(max(n_commits, 0))
         self.acct.add("buffer_pops", len(self._committing))
-        return new + [Request(e.prompt, cfg.commit_rollouts, "commit") for e in self._committing]
+        # A survivor's commit completes its group: n less the pilot rollouts it keeps (a short pilot keeps all).
+        return new + [Request(e.prompt, cfg.n - len(e.kept), "commit") for e in self._committing]
 
-    def _pilot_or_direct(self, post: Posterior, p_keep: float, p_direct: float) -> tuple[float, int]:
-        """(informative groups per rollout, size) of the better of a pilot (size 0) and n rollouts
-        directly: history-aware Pilot-Commit's direct rule."""
+    def _best_new(self, post: Posterior, p_keep: float, p_direct: float) -> tuple[float, str, int]:
+        """(informative groups per rollout, kind, size) of the best way to spend a new prompt's first
+        rollouts: a pilot, n rollouts directly (history-aware Pilot-Commit's direct rule) and, with
+        ``sized``, a short pilot. A kept pilot's group is informative (the band excludes all alike)."""
         cfg = self.cfg
-        pilot = p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts)
-        return (p_direct / cfg.n, cfg.n) if p_direct / cfg.n > pilot else (pilot, 0)
+        options = [(p_keep / (cfg.pilot.n + p_keep * cfg.commit_rollouts), "pilot", cfg.pilot.n), (p_direct / cfg.n, "full", cfg.n)]
+        m = short_pilot(cfg)
+        if m:
+            q = post.p_keep(m, cfg.p_lower, cfg.p_upper)
+            options.append((q / (m + q * (cfg.n - m)), "pilot", m))
+        return max(options, key=lambda o: o[0])  # ties: the first listed, the full pilot
 
     def _fresh_value(self, fresh: Posterior) -> float:
         """Informative groups per rollout a prompt drawn fresh from the pool is expected to give
         (under the population prior): what the extra rollouts of a larger group could buy instead."""
         cfg = self.cfg
-        return self._pilot_or_direct(fresh, fresh.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper), fresh.p_informative(cfg.n))[0]
+        return self._best_new(fresh, fresh.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper), fresh.p_informative(cfg.n))[0]
 
-    def _sized(self, post: Posterior, p_keep: float, p_direct: float, fresh: float) -> int:
-        """Sized counts: a pilot (0), n rollouts directly, or ``large_factor`` x n directly. The
-        first two as the direct rule chooses them (informative groups per rollout); n becomes the
-        larger group when its extra rollouts add more informative groups per rollout than the same
-        rollouts spent on prompts drawn fresh (``fresh``, :meth:`_fresh_value`): the marginal rule
-        of a knapsack whose items are rollouts. It pays for a prompt the posterior puts at a low but
-        nonzero rate when the population prior says fresh prompts are poor (a hard pool)."""
+    def _sized(self, post: Posterior, p_keep: float, p_direct: float, fresh: float) -> tuple[str, int]:
+        """Sized counts: (kind, size) of a pilot, a short pilot, n rollouts directly, or
+        ``large_factor`` x n directly. The first three as :meth:`_best_new` chooses them
+        (informative groups per rollout); n becomes the larger group when its extra rollouts add
+        more informative groups per rollout than the same rollouts spent on prompts drawn fresh
+        (``fresh``, :meth:`_fresh_value`): the marginal rule of a knapsack whose items are
+        rollouts. It pays for a prompt the posterior puts at a low but nonzero rate when the
+        population prior says fresh prompts are poor (a hard pool)."""
         cfg = self.cfg
-        _, size = self._pilot_or_direct(post, p_keep, p_direct)
+        _, kind, size = self._best_new(post, p_keep, p_direct)
         large = cfg.history.large_factor * cfg.n
-        if size and (post.p_informative(large) - p_direct) / (large - cfg.n) > fresh:
-            return large
-        return size
+        if kind == "full" and (post.p_informative(large) - p_direct) / (large - cfg.n) > fresh:
+            return kind, large
+        return kind, size
 
     def _screen(self, prompt: int, post: Posterior, p_keep: float, predicted: float | None = None, pop_mean: float | None = None,
                 source: str | None = None) -> None:  # fmt: skip
@@ -370,7 +396,8 @@ class PilotCommit(AllocationStrategy):
             self.pool.defer(req.prompt)
         else:
             decision = "keep"
-            kept = select_kept_pilots(rollouts, cfg.pilot_kept, cfg.pilot.keep)
+            # A short pilot (sized counts) keeps all its rollouts; a full one pilot.n_effective of them.
+            kept = select_kept_pilots(rollouts, cfg.pilot_kept if len(rollouts) == cfg.pilot.n else len(rollouts), cfg.pilot.keep)
             self.acct.add("buffer_overflow", self.buffer.push(req.prompt, self.step, successes, len(rollouts), kept))
             self.acct.add("buffer_adds")
         self.acct.add(f"prompts_{decision}" if decision != "keep" else "prompts_kept")
@@ -489,6 +516,23 @@ class PilotCommit(AllocationStrategy):
             if "metadata" not in state:
                 raise ValueError("allocation.history.metadata is on but the checkpoint holds no metadata priors (it was saved without them)")
             self.meta.load_state_dict(state["metadata"])
+
+
+def short_pilot(cfg: AllocationConfig) -> int:
+    """The short pilot's size when sized counts may give one (``history.sized``), else 0. Its
+    default (``history.short_pilot`` None) is a quarter of ``pilot.n`` where such a pilot can be kept."""
+    h = cfg.history
+    if not (h.active and h.sized):
+        return 0
+    if h.short_pilot is not None:
+        return h.short_pilot
+    m = cfg.pilot.n // 4
+    return m if 0 < m < min(cfg.pilot.n, cfg.n) and _keepable(cfg, m) else 0
+
+
+def _keepable(cfg: AllocationConfig, m: int) -> bool:
+    """Some count of ``m`` pilot rollouts lands in the keep band."""
+    return any(cfg.p_lower <= k / m <= cfg.p_upper for k in range(m + 1))
 
 
 def _finite(x: float) -> float | None:

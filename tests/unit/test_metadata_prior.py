@@ -17,6 +17,7 @@ from megatron_pc.allocation.check import check_trace
 from megatron_pc.allocation.config import AllocationConfig, HistoryConfig, PilotConfig
 from megatron_pc.allocation.history import beta_by_moments
 from megatron_pc.allocation.metadata_prior import MetadataPrior, bucket_keys, index_buckets
+from megatron_pc.allocation.pilot_commit import _keepable, short_pilot
 from megatron_pc.allocation.trace import ListTrace
 from megatron_pc.data.records import record_from_row
 from megatron_pc.errors import ConfigError
@@ -255,6 +256,8 @@ def metadata_setups(draw: st.DrawFn) -> tuple[AllocationConfig, int, int, int, i
         )  # fmt: skip
 
     cfg, pool = draw_pilot_commit(draw, history)
+    if cfg.history.sized:  # a short pilot of any size the drawn band can keep, or none
+        cfg.history.short_pilot = draw(st.sampled_from([0] + [m for m in range(1, min(cfg.pilot.n, cfg.n)) if _keepable(cfg, m)]))
     return cfg, pool, draw(st.integers(0, 10_000)), draw(st.integers(1, 12)), draw(st.integers(1, 5))
 
 
@@ -310,22 +313,56 @@ def _sizer(**history: object):
     return _strategy(cfg, ["x"] * 100, 0)
 
 
-@pytest.mark.parametrize(("a", "b", "fresh", "size"), [
-    (3.0, 97.0, 0.001, 128),   # surely about 3%, fresh prompts poor (a hard pool): 64 more rollouts here beat 64 on a fresh one
-    (3.0, 97.0, 0.0134, 64),   # the same prompt when a fresh prompt is informative 86% of the time at n: they go there
-    (50.0, 50.0, 0.001, 64),   # surely about a half: n rollouts are informative; more add nothing; a pilot would waste its 16
-    (0.05, 2.0, 0.001, 0),     # most likely never solved, perhaps sometimes: a pilot is the cheap way to find out
+@pytest.mark.parametrize(("a", "b", "fresh", "short", "chosen"), [
+    (3.0, 97.0, 0.001, None, ("full", 128)),  # surely about 3%, fresh prompts poor (a hard pool): 64 more rollouts here beat 64 on a fresh one
+    (3.0, 97.0, 0.0134, None, ("full", 64)),  # the same prompt when a fresh prompt is informative 86% of the time at n: they go there
+    (50.0, 50.0, 0.001, None, ("full", 64)),  # surely about a half: n rollouts are informative; more add nothing; a pilot would waste its 16
+    (0.05, 2.0, 0.001, None, ("pilot", 4)),   # most likely never solved, perhaps sometimes: 4 rollouts are the cheap way to find out
+    (0.05, 2.0, 0.001, 0, ("pilot", 16)),     # the same without short pilots: the full pilot
+    (0.05, 2.0, 0.001, 8, ("pilot", 8)),      # a short pilot of the size set
 ])  # fmt: skip
-def test_sized_counts_give_a_larger_group_only_where_its_extra_rollouts_beat_a_fresh_prompt(a: float, b: float, fresh: float, size: int) -> None:
+def test_sized_counts_choose_per_prompt_among_short_and_full_pilots_n_and_a_larger_group(
+        a: float, b: float, fresh: float, short: int | None, chosen: tuple[str, int]) -> None:  # fmt: skip
     from megatron_pc.allocation.history import Posterior
 
-    strategy = _sizer()
+    strategy = _sizer(short_pilot=short)
     post = Posterior(a, b, 0.0)
     cfg = strategy.cfg
     p_keep = post.p_keep(cfg.pilot.n, cfg.p_lower, cfg.p_upper)
-    assert strategy._sized(post, p_keep, post.p_informative(cfg.n), fresh) == size
-    jeffreys = strategy._fresh_value(Posterior(0.5, 0.5, 0.0))
-    assert jeffreys == pytest.approx(Posterior(0.5, 0.5, 0.0).p_informative(64) / 64)  # 0.86 / 64: the second case's fresh value
+    assert strategy._sized(post, p_keep, post.p_informative(cfg.n), fresh) == chosen
+
+
+def test_a_fresh_prompts_value_is_its_best_first_spend() -> None:
+    from megatron_pc.allocation.history import Posterior
+
+    jeffreys = Posterior(0.5, 0.5, 0.0)
+    direct = jeffreys.p_informative(64) / 64  # 0.86 / 64
+    q = jeffreys.p_keep(4, 0.125, 0.75)  # 1 to 3 of 4 right: 0.45
+    assert _sizer(short_pilot=0)._fresh_value(jeffreys) == pytest.approx(direct)
+    assert _sizer()._fresh_value(jeffreys) == pytest.approx(max(direct, q / (4 + q * 60))) == pytest.approx(q / (4 + q * 60))
+
+
+def test_short_pilots_are_refused_where_they_could_never_be_kept_or_split() -> None:
+    def cfg(**kw: object) -> AllocationConfig:
+        return AllocationConfig(strategy="pilot_commit", train_batch=8, n=64, pilot=PilotConfig(n=16, batch=24),
+                                history=HistoryConfig(preset="history_aware", sized=True, **kw))  # fmt: skip
+
+    with pytest.raises(ConfigError, match="short_pilot.*must be < pilot.n"):
+        build_strategy(cfg(short_pilot=16), 100, 0)
+    with pytest.raises(ConfigError, match="short_pilot.*keep band"):  # 0, 1, 2 or 3 of 3: none in [0.4, 0.6]
+        build_strategy(AllocationConfig(strategy="pilot_commit", train_batch=8, n=64, p_lower=0.4, p_upper=0.6, pilot=PilotConfig(n=16, batch=24),
+                                        history=HistoryConfig(preset="history_aware", sized=True, short_pilot=3)), 100, 0)  # fmt: skip
+    with pytest.raises(ConfigError, match="short_pilot"):
+        HistoryConfig(preset="history_aware", sized=True, short_pilot=-1)
+    with pytest.raises(ConfigError, match="history.short_pilot.*multiple of the 8 generation engines"):
+        build_strategy(cfg(), 100, 0, generation_ranks=8)
+    build_strategy(cfg(short_pilot=8), 100, 0, generation_ranks=8)  # 16, 48, 8 and 56 all split over 8
+    # The default is a quarter of pilot.n, or none where that many can never be kept (1 of 4 pilots at the reference band).
+    assert short_pilot(cfg()) == 4 and short_pilot(cfg(short_pilot=0)) == 0
+    tiny = AllocationConfig(strategy="pilot_commit", train_batch=8, n=16, pilot=PilotConfig(n=4, batch=24),
+                            history=HistoryConfig(preset="history_aware", sized=True))  # fmt: skip
+    assert short_pilot(tiny) == 0
+    assert short_pilot(AllocationConfig(strategy="pilot_commit", train_batch=8, n=64, pilot=PilotConfig(n=16, batch=24))) == 0  # sized off
 
 
 def test_sized_counts_need_direct_commit_and_a_larger_group() -> None:
@@ -337,24 +374,27 @@ def test_sized_counts_need_direct_commit_and_a_larger_group() -> None:
 
 def test_sized_counts_put_more_of_a_hard_pools_rollouts_into_training() -> None:
     # A hard pool: 90% never solved, 10% solved 1% of the time; the label tells the two apart. A fresh
-    # prompt is worth little, so the rare solvable ones get 2n rollouts: 64 are all wrong half the time.
+    # prompt is worth little, so the rare solvable ones get 2n rollouts (64 are all wrong half the time),
+    # and short pilots of 4 find the solvable ones cheaper than 16.
     kinds = [(0.0, "d=9")] * 9 + [(0.01, "d=7")]
     kinds = kinds * 400
     rates, keys = [r for r, _ in kinds], [k for _, k in kinds]
     figures = {}
-    for sized in (False, True):
+    for sized, short in ((False, None), (True, 0), (True, None)):
         cfg = AllocationConfig(strategy="pilot_commit", train_batch=8, n=64, pilot=PilotConfig(n=16, batch=24),
-                               history=HistoryConfig(preset="metadata", metadata=["d"], sized=sized), max_rounds=10,
+                               history=HistoryConfig(preset="metadata", metadata=["d"], sized=sized, short_pilot=short), max_rounds=10,
                                on_round_limit="train_partial")  # fmt: skip
         trace = ListTrace()
         strategy = _strategy(cfg, keys, 3, trace)
         results = _run(strategy, BernoulliPolicy(rates, 3), NoiseFeatures(len(rates), 3), 40)
         assert check_trace(trace.events, cfg) == []
         m = results[-1].metrics
-        figures[sized] = (m["cum_generated_pilot"] / m["cum_generated"], m["cum_trained_rollouts"] / m["cum_generated"], m["cum_prompts_direct_large"])
-    (pilot_off, trained_off, large_off), (pilot_on, trained_on, large_on) = figures[False], figures[True]
-    assert large_off == 0 and large_on > 0
-    assert pilot_on <= pilot_off and trained_on > trained_off
+        figures[sized, short] = (m["cum_trained_rollouts"] / m["cum_generated"], m["cum_prompts_direct_large"], m["cum_prompts_short_pilot"])
+        assert {e["n"] for e in trace.events if e["event"] == "pilot"} <= {16, short_pilot(cfg)} - {0}
+    (trained_off, large_off, short_off), (trained_long, large_long, short_long), (trained_on, large_on, short_on) = figures.values()
+    assert large_off == 0 and large_long > 0 and large_on > 0
+    assert short_off == short_long == 0 and short_on > 0
+    assert trained_off < trained_long < trained_on
 
 
 @pytest.mark.parametrize("name", ["grpo", "dapo", "speed_rl", "greso", "mopps", "pilot_commit"])

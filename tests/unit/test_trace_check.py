@@ -80,3 +80,13 @@ def test_the_reference_age_rule_allows_one_more_step_of_age_and_no_more() -> Non
     assert check_trace([pilot, one_more], reference) == []
     two_more = dict(one_more, step=one_more["step"] + 1)
     assert any("age_rule reference" in p for p in check_trace([pilot, two_more], reference))
+
+
+def test_a_pilot_or_commit_of_the_wrong_size_is_reported() -> None:
+    cfg, events = _trace("pilot_commit")
+    broken = copy.deepcopy(events)
+    next(e for e in broken if e["event"] == "commit")["n"] += 1
+    assert any("its group is not n = 8" in p for p in check_trace(broken, cfg))
+    broken = copy.deepcopy(events)
+    next(e for e in broken if e["event"] == "pilot")["n"] = 2  # a short pilot, but sized counts are off
+    assert any("piloted with 2 rollouts, not 4" in p for p in check_trace(broken, cfg))
