@@ -36,7 +36,7 @@ REFERENCE = "pilot_commit"
 HISTORY_AWARE = "pc_history"
 """The benchmark's label of history-aware Pilot-Commit (allocation.history.preset=history_aware)."""
 VARIANT_REFERENCES = {HISTORY_AWARE: "history-aware Pilot-Commit", "pc_screen": "screened Pilot-Commit",
-                      "pc_meta": "Pilot-Commit with metadata priors"}
+                      "pc_meta": "Pilot-Commit with metadata priors", "pc_meta_sized": "Pilot-Commit with metadata priors and sized counts"}
 """Pilot-Commit's variants that every other strategy is also compared with, when a report has them
 (label: description)."""
 MAIN_STRATEGIES = ("pilot_commit", "grpo", "dapo")
