@@ -248,6 +248,16 @@ def test_metadata_priors_get_the_records_buckets_from_the_driver_and_resume_exac
     assert check_trace(sized_trace, sized.allocation) == []
     large = [e for e in sized_trace if e["event"] == "train_group" and e["size"] == 16]
     assert sum(r["prompts_direct_large"] for r in rows[1:]) > 0 and large
+    # Short pilots through the real update path: 2 pilots kept whole with 6 commits, beside full pilots of 4 with 4.
+    short = _cfg(tmp_path / "short", "pilot_commit", *meta, "allocation.history.sized=true", "allocation.pilot.n=4",
+                 "allocation.history.short_pilot=2", "training.steps=8")  # fmt: skip
+    Trainer(short, _data_with_difficulty(tmp_path), partial(StandInWorkers)).run()
+    rows = read_metrics(short.resolved_run_dir / "metrics.jsonl")
+    short_trace = read_trace(short.resolved_run_dir / "trace.jsonl")
+    assert check_trace(short_trace, short.allocation) == []
+    after_short = {e["prompt"] for e in short_trace if e["event"] == "pilot" and e["n"] == 2 and e["decision"] == "keep"}
+    commits = [e for e in short_trace if e["event"] == "commit" and e["prompt"] in after_short]
+    assert sum(r["prompts_short_pilot"] for r in rows[1:]) > 0 and commits and all(e["n"] == 6 for e in commits)
     # A field no record carries is refused, naming it, before any worker starts.
     with pytest.raises(ConfigError, match="'grade'"):
         Trainer(_cfg(tmp_path / "bad", "pilot_commit", "allocation.history.preset=metadata", "allocation.history.metadata=[grade]"),
