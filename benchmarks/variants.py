@@ -102,6 +102,8 @@ VARIANTS: dict[str, Variant] = {
     "pc_meta_sized": Variant("pilot_commit", "pc_meta with sized counts: a short pilot (4 + 60 commits), a pilot, n or 2n rollouts per prompt by its posterior",
                              lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]",
                                          "allocation.history.sized=true")),  # fmt: skip
+    "pc_screen_sized": Variant("pilot_commit", "pc_screen with sized counts: pc_meta_sized without the labels (history and n-grams only)",
+                               lambda tb: ("allocation.history.preset=screen", "allocation.history.sized=true")),  # fmt: skip
     "grpo_fair": Variant("grpo", "GRPO whose loss mean counts only the tokens of groups with a nonzero advantage",
                          lambda tb: ("training.loss_denominator=informative",)),  # fmt: skip
     "dapo_3x": Variant("dapo", "DAPO drawing 3 x the train batch of prompts per round, as the recipe",

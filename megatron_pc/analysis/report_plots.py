@@ -33,6 +33,7 @@ _COLORS = {
     "pc_history": "tab:purple", "pc_screen": "tab:pink", "pc_meta": "tab:brown",  # PC's variants (dashed)
     "grpo_matched": "tab:cyan", "pc_sized": "black",  # the ablations (dashed)
     "pc_meta_sized": "navy", "pc_meta_coarse": "peru", "pc_meta_noisy": "rosybrown",  # pc_meta's ablations (dashed)
+    "pc_screen_sized": "teal",
 }
 """One colour per label of the benchmark's matrix, so that no two of its lines share one."""
 FIELD_ALLOCATORS = ("speed_rl", "greso", "mopps")
