@@ -45,9 +45,9 @@ def check_trace(events: Iterable[dict[str, Any]], cfg: AllocationConfig) -> list
             pilot_step, pilot_n = kept_pilot.pop(e["prompt"], (None, 0))
             if pilot_step != e["pilot_step"]:
                 problems.append(f"step {step}: commit of prompt {e['prompt']} has no waiting kept pilot from step {e['pilot_step']}")
-            elif cfg.strategy == "pilot_commit" and e["n"] != cfg.n - (cfg.pilot_kept if pilot_n == cfg.pilot.n else pilot_n):
+            elif cfg.strategy == "pilot_commit" and e["n"] != cfg.n - (kept := cfg.pilot_kept if pilot_n == cfg.pilot.n else pilot_n):
                 problems.append(f"step {step}: commit of prompt {e['prompt']} has {e['n']} rollouts; with the {pilot_n} of its pilot "
-                                f"(kept: {cfg.pilot_kept if pilot_n == cfg.pilot.n else pilot_n}) its group is not n = {cfg.n}")  # fmt: skip
+                                f"(kept: {kept}) its group is not n = {cfg.n}")  # fmt: skip
             max_age = strategy.max_commit_age(cfg)
             if step - e["pilot_step"] < 0 or max_age is not None and step - e["pilot_step"] > max_age:
                 problems.append(
