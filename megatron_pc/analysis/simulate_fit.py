@@ -432,6 +432,33 @@ def refit(bench_dirs: list[str], out: str | None = None) -> int:
     return 0
 
 
+def judge(bench_dirs: list[str], params: str) -> int:
+    """``megatron-pc fit-simulator BENCH_DIR... --judge PARAMS``: no fit; the parameters of PARAMS
+    (a file :func:`refit` wrote) predict these runs, which they were not fitted on: their
+    validation accuracies (rms error) and the ratios GRPO/PC and DAPO/PC at the targets, each
+    against the measured one. Writes nothing."""
+    from megatron_pc.analysis.learning_model import load_fitted
+
+    model, record = load_fitted(params)
+    groups = load_groups(bench_dirs)
+    seen = {name for name in record.get("fitted_on", {})} & {g.name for g in groups}
+    if seen:
+        raise MegatronPCError(f"fit-simulator --judge: {params} was fitted on {', '.join(sorted(seen))}; judge it on runs it has not seen")
+    errors = np.concatenate([predicted_accuracy(model, g, t) - t.val_accuracy for g in groups for t in g.trajectories])
+    print(f"{params}: {_params_text(model)}; on {sum(len(g.trajectories) for g in groups)} unseen runs "
+          f"({', '.join(g.name for g in groups)}): accuracy rms error {math.sqrt(float(errors @ errors) / len(errors)):.4f}", flush=True)  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for g in groups:
+        measured = ratios([t.run for t in g.trajectories], g.budget)
+        rows += _rows("unseen runs", g, ratios(simulated_runs(g, "fitted", model), g.budget), measured, "fitted")
+    summary = error_summary(rows)
+    table = format_held_out(rows, {"seed": summary, "regime": error_summary([]), "linear": error_summary([])})
+    print(table.split("\n\n")[0])
+    mean = summary["mean_abs_error"]
+    print(f"predicting unseen runs: mean |error| {'-' if mean is None else format(mean, '.0%')}, {summary['within_20']}/{summary['ratios']} within 20%")
+    return 0
+
+
 def record_json(record: dict[str, Any]) -> str:
     """The record as JSON, its held-out table one row a line (the file stays readable in a diff)."""
     head = json.dumps({k: v for k, v in record.items() if k != "table"}, indent=1)
@@ -446,5 +473,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-pc fit-simulator", description=__doc__.split("\n\n")[0])
     parser.add_argument("bench_dirs", nargs="+", metavar="BENCH_DIR", help="benchmark directories (REGIME/LABEL[@RULE]/seed_K runs)")
     parser.add_argument("--out", help="where the parameters go (default: megatron_pc/analysis/learning_model.json, the simulator's)")
+    parser.add_argument("--judge", metavar="PARAMS",
+                        help="fit nothing: judge the parameters in PARAMS (a file fit-simulator wrote) on these runs, which they were not fitted on")  # fmt: skip
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.judge:
+        if args.out:
+            parser.error("--out: nothing is written with --judge")
+        return judge(args.bench_dirs, args.judge)
     return refit(args.bench_dirs, args.out)

@@ -218,3 +218,21 @@ def test_runs_of_one_regime_that_spent_different_budgets_are_refused(tmp_path) -
     bench = _budget_bench(tmp_path, {"pilot_commit": 5120, "grpo": 4096})
     with pytest.raises(Exception, match="different rollout budgets"):
         load_groups([str(bench)])
+
+
+def test_judge_predicts_runs_the_parameters_were_not_fitted_on_and_refuses_seen_ones(tmp_path, capsys) -> None:
+    out = tmp_path / "params.json"
+    fitted_on = _budget_bench(tmp_path / "a")
+    assert main(["fit-simulator", str(fitted_on), "--out", str(out)]) == 0
+    written = out.read_text()
+    capsys.readouterr()
+    assert main(["fit-simulator", str(fitted_on), "--judge", str(out)]) == 2
+    assert "was fitted on bench/mixed; judge it on runs it has not seen" in capsys.readouterr().err
+    unseen = _budget_bench(tmp_path / "b").rename(tmp_path / "b" / "later")
+    assert main(["fit-simulator", str(unseen), "--judge", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "on 4 unseen runs (later/mixed): accuracy rms error" in text
+    assert "unseen runs" in text and "grpo/PC" in text and "predicting unseen runs: mean |error|" in text
+    assert out.read_text() == written  # judging writes nothing
+    assert main(["fit-simulator", str(unseen), "--judge", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
