@@ -8,8 +8,9 @@ holds, per regime, label and seed, the accuracy at R/4, R/2, 3R/4 and R and the 
 target), e.g. issue #40's ablations beside results/bench_budget_report. RUN_DIRs are in the
 benchmark's layout (REGIME/LABEL[@RULE]/seed_K, labelled by the directory as `megatron-pc report
 --label-by dir` does). The comparison is only fair when the new runs started where the kept ones
-did: each regime's new runs must have the kept start accuracy (their step-0 validation: the start
-model, the validation set and the budget must be the kept ones), else the script stops. The
+did: each new label must have run the kept seeds, and the mean of their step-0 validations must be
+the kept start accuracy (the start model and the validation set must be the kept ones), else the
+script stops. The
 targets are the kept report's (the new labels do not move them). Prints per regime:
 
 * accuracy at each spend (median [seed range]) and, seed by seed, minus each --against label's;
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -47,12 +49,25 @@ def _kept(summary_path: Path) -> dict[str, Any]:
 
 
 def check_start(regime: str, kept: dict[str, Any], runs: list[Run]) -> None:
-    """Every new run of the regime starts at the kept start accuracy, or the comparison is refused."""
-    want = kept["start_accuracy"]
-    off = [f"{r.run_dir} ({r.points[0].accuracy:.6f})" for r in runs if r.points[0].step != 0 or abs(r.points[0].accuracy - want) > START_TOLERANCE]
-    if off:
-        raise MegatronPCError(f"{regime}: these runs did not start where the kept runs did (kept start accuracy {want:.6f}): {', '.join(off)}; "
-                              "they need the kept start model, validation set and settings")  # fmt: skip
+    """Every new label's runs start where the kept runs did, or the comparison is refused.
+
+    A run's step-0 validation depends on the start model, the validation set and the seed (its
+    sampling), never on the strategy; the kept summary holds its mean over the kept seeds. So each
+    label must have run exactly the kept seeds, and the mean of its step-0 accuracies must be the
+    kept one (equal floats up to rounding: the same model and set give the same samples)."""
+    want, seeds = kept["start_accuracy"], sorted(str(s) for s in kept.get("seeds", []))
+    for label in sorted({r.strategy for r in runs}):
+        mine = sorted((r for r in runs if r.strategy == label), key=lambda r: r.seed)
+        have = [str(r.seed) for r in mine]
+        if have != seeds:
+            raise MegatronPCError(f"{regime}: {label} has seeds {', '.join(have)}, the kept runs {', '.join(seeds)}: the start can only be "
+                                  "checked over the same seeds (the kept summary holds their mean step-0 accuracy)")  # fmt: skip
+        starts = [r.points[0].accuracy if r.points[0].step == 0 else math.nan for r in mine]
+        mean = statistics.fmean(starts)
+        if not abs(mean - want) <= START_TOLERANCE:
+            found = ", ".join(f"{r.run_dir} {a:.6f}" for r, a in zip(mine, starts))
+            raise MegatronPCError(f"{regime}: {label}'s runs did not start where the kept runs did (mean step-0 accuracy {mean:.6f}, kept "
+                                  f"{want:.6f}; {found}): they need the kept start model, validation set and seeds")  # fmt: skip
 
 
 def _spread(values: list[float]) -> str:

@@ -33,7 +33,8 @@ def _kept(start: float) -> dict:
     at_budget = {"grpo": [{"share": s, "per_seed": {k: start + s * (v - start) for k, v in grpo.items()}} for s in (0.5, 1.0)]}
     targets = [{"accuracy": 0.12, "strategies": {"grpo": {"rollouts": {"per_seed": {"0": 200.0, "1": 100.0}}}}},
                {"accuracy": 0.15, "strategies": {"grpo": {"rollouts": {"per_seed": {"0": 300.0, "1": None}}}}}]  # fmt: skip
-    return {"budget": 400, "regimes": {"hard": {"start_accuracy": start, "fractions": [0.25, 0.5], "targets": targets, "at_budget": at_budget}}}
+    return {"budget": 400, "regimes": {"hard": {"start_accuracy": start, "seeds": [0, 1], "fractions": [0.25, 0.5], "targets": targets,
+                                                "at_budget": at_budget}}}  # fmt: skip
 
 
 def test_new_runs_are_paired_with_the_kept_seeds_at_the_kept_targets(tmp_path: Path) -> None:
@@ -52,16 +53,21 @@ def test_new_runs_are_paired_with_the_kept_seeds_at_the_kept_targets(tmp_path: P
     assert "| pc_meta_coarse | 50% (0.1500) | 175 [175-175], 1/2 | 1.71x* [1.71-1.71] |" in out
 
 
-def test_runs_from_another_start_are_refused_by_name(tmp_path: Path) -> None:
+def test_runs_from_another_start_or_with_other_seeds_are_refused_by_name(tmp_path: Path) -> None:
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps(_kept(0.1)))
-    run = _run(tmp_path, "pc_meta_noisy", 0, [(0, 0.11), (400, 0.2)])
-    bad = subprocess.run([sys.executable, str(SCRIPT), str(summary), str(run)], capture_output=True, text=True)
+    # Seeds sample differently at step 0: 0.09 and 0.11 average to the kept 0.10, so this label is taken.
+    fine = [_run(tmp_path, "pc_meta_noisy", 0, [(0, 0.09), (400, 0.2)]), _run(tmp_path, "pc_meta_noisy", 1, [(0, 0.11), (400, 0.2)])]
+    assert subprocess.run([sys.executable, str(SCRIPT), str(summary), *map(str, fine), "--against", "grpo"], capture_output=True).returncode == 0
+    off = [_run(tmp_path, "pc_meta_coarse", 0, [(0, 0.11), (400, 0.2)]), _run(tmp_path, "pc_meta_coarse", 1, [(0, 0.11), (400, 0.2)])]
+    bad = subprocess.run([sys.executable, str(SCRIPT), str(summary), *map(str, off), "--against", "grpo"], capture_output=True, text=True)
     assert bad.returncode == 1
-    assert "hard: these runs did not start where the kept runs did (kept start accuracy 0.100000)" in bad.stderr
-    assert "pc_meta_noisy@reference/seed_0 (0.110000)" in bad.stderr
-    other = subprocess.run([sys.executable, str(SCRIPT), str(summary), str(_run(tmp_path, "x", 1, [(0, 0.1), (400, 0.2)])), "--against", "dapo"],
+    assert "hard: pc_meta_coarse's runs did not start where the kept runs did (mean step-0 accuracy 0.110000, kept 0.100000" in bad.stderr
+    assert "pc_meta_coarse@reference/seed_0 0.110000" in bad.stderr
+    alone = subprocess.run([sys.executable, str(SCRIPT), str(summary), str(_run(tmp_path, "x", 1, [(0, 0.1), (400, 0.2)])), "--against", "grpo"],
                            capture_output=True, text=True)  # fmt: skip
+    assert alone.returncode == 1 and "hard: x has seeds 1, the kept runs 0, 1" in alone.stderr
+    other = subprocess.run([sys.executable, str(SCRIPT), str(summary), *map(str, fine), "--against", "dapo"], capture_output=True, text=True)
     assert other.returncode == 1 and "--against: dapo not among hard's kept labels (grpo)" in other.stderr
 
 
