@@ -194,11 +194,19 @@ def check_epochs(args: argparse.Namespace, regime: Regime, cfg: Any) -> None:
 
 
 def write_validation_set(regime: Regime, size: int, path: Path) -> None:
-    """The regime's fixed validation prompts; an existing file must hold exactly the same set."""
+    """The regime's fixed validation prompts; an existing file must hold exactly the same set, and so
+    must a SHA-256 record beside it (``validation.sha256``: kept runs whose set was too large to keep)."""
     from megatron_pc.data.builtin import BUILTIN_SOURCES
 
     records = BUILTIN_SOURCES[regime.source.removeprefix("builtin:")](size, VALIDATION_SEED)
     text = "".join(json.dumps(r.to_row(), ensure_ascii=False) + "\n" for r in records)
+    record = path.with_name("validation.sha256")  # kept runs' set, recorded by scripts/bench_results.sh save
+    if record.is_file():
+        import hashlib
+
+        if hashlib.sha256(text.encode()).hexdigest() != record.read_text().strip():
+            raise MegatronPCError(f"{path}: the validation set made now (--val-size {size}) is not the one the kept runs were validated on "
+                                  f"({record}: its SHA-256); the runs are not comparable with new ones: use another --out")  # fmt: skip
     if path.exists():
         if path.read_text() != text:
             raise MegatronPCError(f"{path} holds a different validation set (another --val-size?); use another --out")

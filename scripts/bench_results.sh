@@ -5,6 +5,8 @@
 # recorded (REGIME/start_model.json), so a later machine trains further runs from the same bits.
 #   scripts/bench_results.sh save    [BENCH_DIR] [RESULTS_DIR]   # runs/bench_rollouts -> results/bench_rollouts
 #   scripts/bench_results.sh restore [BENCH_DIR] [RESULTS_DIR]   # results/bench_rollouts -> runs/bench_rollouts
+# A validation set over 1 MB (KEEP_VALIDATION_MAX_BYTES) is kept as validation.sha256: the benchmark
+# makes it again from its seed and checks it against that record.
 # Kept JSON-lines files are gzip-compressed (metrics.jsonl.gz, validation.jsonl.gz: deterministic,
 # megatron_pc/jsonl.py), which `report`, `decompose` and the benchmarks read as they are; restore
 # puts them back plain. A start model already in git history is not copied again: the tracked
@@ -16,6 +18,8 @@ bench=${2:-runs/bench_rollouts}
 results=${3:-results/bench_rollouts}
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
+# Validation sets larger than this (bytes) are kept as a SHA-256 record (see save below).
+KEEP_VALIDATION_MAX_BYTES="${KEEP_VALIDATION_MAX_BYTES:-1000000}"
 # A start-model record's model path and the first 12 hex digits of its fingerprint.
 record_fields() {
   "$PYTHON" -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["path"], r["sha256"][:12], r["sha256"])' "$1"
@@ -97,7 +101,23 @@ case "$mode" in
         cp "$path"/* "$results/start_models/$sha/"
       fi
     done
-    for f in "$bench"/*/validation.jsonl "$bench"/*/success_rates.json "$bench"/*/start_model.json "$bench"/report.md "$bench"/summary.json "$bench"/*.png; do
+    # A large validation set is kept as its SHA-256 only: the benchmark makes it again from its
+    # seed when the runs are restored and refuses one that differs from the record
+    # (benchmarks/strategies.py: write_validation_set). A small one is kept whole.
+    for f in "$bench"/*/validation.jsonl; do
+      [ -f "$f" ] || continue
+      regime=$(basename "$(dirname "$f")")
+      if [ "$(stat -c %s "$f")" -gt "$KEEP_VALIDATION_MAX_BYTES" ]; then
+        mkdir -p "$results/$regime"
+        sha256sum "$f" | cut -d' ' -f1 >"$results/$regime/validation.sha256"
+        rm -f "$results/$regime/validation.jsonl" "$results/$regime/validation.jsonl.gz"
+      else
+        rm -f "$results/$regime/validation.sha256"
+        mkdir -p "$results/$regime"
+        cp "$f" "$results/$regime/validation.jsonl"
+      fi
+    done
+    for f in "$bench"/*/success_rates.json "$bench"/*/start_model.json "$bench"/report.md "$bench"/summary.json "$bench"/*.png; do
       [ -f "$f" ] || continue
       mkdir -p "$results/$(dirname "${f#"$bench"/}")"
       cp "$f" "$results/${f#"$bench"/}"

@@ -3,8 +3,10 @@ spread over seeds, training seconds, the benchmark's regimes and sizes, and the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import re
 import sys
 from collections import Counter
@@ -375,6 +377,27 @@ def test_bench_results_script_keeps_finished_runs_small_and_puts_them_back(tmp_p
     assert not list(fresh.rglob("*.gz"))  # restored runs are plain run directories again
     proc = subprocess.run(["bash", str(script), "save", str(tmp_path / "nowhere"), str(results)], capture_output=True, text=True)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+    # A validation set over the limit is kept as its SHA-256 only (the benchmark makes it again and checks it).
+    env = {**os.environ, "KEEP_VALIDATION_MAX_BYTES": "5"}
+    subprocess.run(["bash", str(script), "save", str(bench), str(results)], check=True, capture_output=True, env=env)
+    assert not list(results.glob("paper_like/validation.jsonl*"))
+    assert (results / "paper_like" / "validation.sha256").read_text().strip() == hashlib.sha256(b'{"id": "v0"}\n').hexdigest()
+
+
+def test_a_validation_set_made_again_must_match_the_kept_record(tmp_path: Path) -> None:
+    from benchmarks.strategies import write_validation_set
+
+    path = tmp_path / "hard" / "validation.jsonl"
+    write_validation_set(REGIMES["hard"], 20, path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    path.unlink()
+    (tmp_path / "hard" / "validation.sha256").write_text(digest + "\n")
+    write_validation_set(REGIMES["hard"], 20, path)  # the same set: taken
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    path.unlink()
+    with pytest.raises(MegatronPCError, match="is not the one the kept runs were validated on"):
+        write_validation_set(REGIMES["hard"], 21, path)
+    assert not path.exists()
 
 
 def test_bench_results_script_keeps_the_start_model_and_puts_it_back_where_none_is(tmp_path: Path) -> None:
