@@ -22,30 +22,19 @@ targets are the kept report's (the new labels do not move them). Prints per regi
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from megatron_pc.analysis.budget import accuracy_at, interval_text, paired_ratio
+from megatron_pc.analysis.budget import accuracy_at, interval_text, paired_ratio, read_summary
 from megatron_pc.analysis.report import first_reach
 from megatron_pc.analysis.runs import Run, load_run
 from megatron_pc.errors import MegatronPCError
 
 START_TOLERANCE = 1e-9
 """Step-0 accuracies are exact fractions of one validation set: equal starts are equal floats."""
-
-
-def _kept(summary_path: Path) -> dict[str, Any]:
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise MegatronPCError(f"{summary_path}: not a readable summary.json ({err})") from err
-    if summary.get("budget") is None or not isinstance(summary.get("regimes"), dict):
-        raise MegatronPCError(f"{summary_path}: no 'budget' or 'regimes': not the summary of an equal-budget report (--budget R)")
-    return summary
 
 
 def check_start(regime: str, kept: dict[str, Any], runs: list[Run]) -> None:
@@ -116,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", default="grpo,pilot_commit,pc_screen,pc_meta", help="kept labels to compare with (comma-separated)")
     args = parser.parse_args(argv)
     try:
-        summary = _kept(args.summary)
+        summary = read_summary(args.summary)
         runs = [load_run(d, label_by="dir") for d in args.run_dirs]
         against = [a for a in args.against.split(",") if a]
         out = []

@@ -16,11 +16,11 @@ With --paired, a second table: each label's accuracy at R minus the reference's,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from megatron_pc.analysis.budget import read_summary
 from megatron_pc.errors import MegatronPCError
 
 
@@ -28,13 +28,7 @@ def load_regimes(paths: list[Path]) -> dict[str, dict[str, Any]]:
     """The regimes of the summaries, in order; refuses a file without regimes and a regime given twice."""
     regimes: dict[str, dict[str, Any]] = {}
     for path in paths:
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise MegatronPCError(f"{path}: not a readable summary.json ({err})") from err
-        if summary.get("budget") is None or not isinstance(summary.get("regimes"), dict):
-            raise MegatronPCError(f"{path}: no 'budget' or 'regimes': not the summary of an equal-budget report (--budget R)")
-        for name, regime in summary["regimes"].items():
+        for name, regime in read_summary(path)["regimes"].items():
             if name in regimes:
                 raise MegatronPCError(f"{path}: regime {name} is in an earlier summary too; give each regime once")
             regimes[name] = regime

@@ -19,12 +19,15 @@ The benchmark's design (docs/benchmarks.md, "Equal budgets"):
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
+from pathlib import Path
 from typing import Any, Iterable
 
 from megatron_pc.analysis.runs import Point, Run
+from megatron_pc.errors import MegatronPCError
 
 BUDGET_SHARES = (0.25, 0.5, 0.75, 1.0)
 """Spends (shares of the budget) at which accuracy is reported."""
@@ -181,3 +184,15 @@ def prompts_needed(stderr: float, prompts: int, gap: float) -> int:
     """Validation prompts that bring a standard error of ``stderr`` over ``prompts`` prompts
     under gap / 3 (a standard error over prompts falls as 1 / sqrt(prompts))."""
     return math.ceil(prompts * (3.0 * stderr / gap) ** 2)
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """An equal-budget report's summary.json (``megatron-pc report --budget R``, ``bench rollouts
+    --budget R``); refuses an unreadable file or a step-matched one, naming the file."""
+    try:
+        summary = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise MegatronPCError(f"{path}: not a readable summary.json ({err})") from err
+    if not isinstance(summary, dict) or summary.get("budget") is None or not isinstance(summary.get("regimes"), dict):
+        raise MegatronPCError(f"{path}: no 'budget' or 'regimes': not the summary of an equal-budget report (--budget R)")
+    return summary
