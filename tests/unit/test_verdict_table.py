@@ -1,5 +1,5 @@
 """scripts/verdict_table.py: the cross-regime verdict table of docs/benchmarks.md is what the script
-prints from the kept equal-budget summary, and bad summaries are refused by name."""
+prints from the kept equal-budget summaries, and bad summaries are refused by name."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from megatron_pc.errors import MegatronPCError
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "verdict_table.py"
 KEPT = ROOT / "results" / "bench_budget_report" / "summary.json"
+MIXED = ROOT / "results" / "bench_budget" / "summary.json"
 
 
 def _module():
@@ -25,8 +26,9 @@ def _module():
     return module
 
 
-def test_the_docs_cross_regime_table_is_the_scripts_output_on_the_kept_summary() -> None:
-    out = subprocess.run([sys.executable, str(SCRIPT), str(KEPT)], capture_output=True, text=True, check=True).stdout
+def test_the_docs_cross_regime_table_is_the_scripts_output_on_the_kept_summaries() -> None:
+    out = subprocess.run([sys.executable, str(SCRIPT), str(KEPT), str(MIXED)], capture_output=True, text=True, check=True).stdout
+    assert "`mixed` GRPO/label" in out.splitlines()[0]
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| label")]
     assert len(rows) == 10  # the matrix's ten labels
     docs = (ROOT / "docs" / "benchmarks.md").read_text()
