@@ -59,12 +59,28 @@ def _ports_free(ports: range) -> bool:
     return True
 
 
+def _ephemeral_ports() -> range:
+    """The kernel's range for outgoing connections' local ports (Linux's default if unreadable)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def _free_ports() -> tuple[int, int]:
     """A controller port pair and a node port range nobody listens on, so a developer's own
-    local cluster (default ports) or another test run on the shared machine is not hit."""
-    for _ in range(50):
-        port = random.randrange(20000, 40000)
-        base = random.randrange(40000, 60000)
+    local cluster (default ports) or another test run on the shared machine is not hit; both
+    outside the ephemeral range, where any outgoing connection (Ray's, an engine's) may take a
+    port between this check and a daemon's bind (seen: slurmd "Address already in use")."""
+    ephemeral = _ephemeral_ports()
+    if ephemeral.start < 20000 + NODE_PORT_SPAN:  # a machine whose ephemeral range leaves no room below it
+        ephemeral = range(0)
+    for _ in range(200):
+        port = random.randrange(10000, 20000)
+        base = random.randrange(20000, 32768 - NODE_PORT_SPAN)
+        if any(p in ephemeral for p in (port, port + 1, base, base + NODE_PORT_SPAN - 1)):
+            continue
         if _ports_free(range(port, port + 2)) and _ports_free(range(base, base + NODE_PORT_SPAN)):
             return port, base
     raise RuntimeError("no free ports for the local SLURM cluster")
