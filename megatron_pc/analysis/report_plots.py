@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from megatron_pc.analysis.budget import BUDGET_SHARES
-from megatron_pc.analysis.runs import MAIN_STRATEGIES, REFERENCE, Run
+from megatron_pc.analysis.runs import FIELD_STRATEGIES, MAIN_STRATEGIES, REFERENCE, Run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -36,7 +36,7 @@ _COLORS = {
     "pc_screen_sized": "teal",
 }
 """One colour per label of the benchmark's matrix, so that no two of its lines share one."""
-FIELD_ALLOCATORS = ("speed_rl", "greso", "mopps")
+FIELD_ALLOCATORS = FIELD_STRATEGIES
 """The field's allocators: compared strategies, drawn solid like the main ones."""
 _CAP = 4.0
 """A ratio bar is drawn this high when only Pilot-Commit reached the target (1 / _CAP when

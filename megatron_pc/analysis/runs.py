@@ -41,6 +41,9 @@ VARIANT_REFERENCES = {HISTORY_AWARE: "history-aware Pilot-Commit", "pc_screen": 
 (label: description)."""
 MAIN_STRATEGIES = ("pilot_commit", "grpo", "dapo")
 """Strategies whose final gains set the targets (ablations are measured against them)."""
+FIELD_STRATEGIES = ("speed_rl", "greso", "mopps")
+"""The field's other allocators (megatron_pc/allocation): strategies, not variants, so in an
+equal-budget report their gains at the budget count toward the targets as the main ones' do."""
 FINAL_POINTS = 3
 
 
@@ -163,7 +166,7 @@ def load_run(run_dir: str | Path, *, regime: str | None = None, strategy: str | 
         # so the label is the directory's name without it (pilot_commit@reference -> pilot_commit,
         # which the comparison takes as Pilot-Commit); a label that is no strategy is a variant.
         strategy = path.parent.name.split("@")[0]
-        if variant == "none" and strategy not in MAIN_STRATEGIES:
+        if variant == "none" and strategy not in (*MAIN_STRATEGIES, *FIELD_STRATEGIES):
             variant = strategy
     if strategy is None:
         strategy = cfg.get("allocation", {}).get("strategy", path.name)

@@ -169,6 +169,14 @@ def test_load_run_takes_labels_from_the_run_config(tmp_path: Path) -> None:
     assert (pc.strategy, pc.variant) == ("pilot_commit", "none")
     fair = load_run(_write_run(tmp_path / "grpo_fair@reference" / "seed_0", "grpo", 0, [0.3, 0.4]), label_by="dir")
     assert (fair.strategy, fair.variant) == ("grpo_fair", "grpo_fair")
+    # The field's allocators are strategies (their gains count toward the targets), as in the benchmark.
+    speed = load_run(_write_run(tmp_path / "speed_rl@reference" / "seed_0", "speed_rl", 0, [0.3, 0.4]), label_by="dir")
+    assert (speed.strategy, speed.variant) == ("speed_rl", "none")
+    from benchmarks.strategies import FIELD_STRATEGIES as BENCH_FIELD
+    from megatron_pc.allocation import STRATEGIES
+    from megatron_pc.analysis.runs import FIELD_STRATEGIES
+
+    assert FIELD_STRATEGIES == BENCH_FIELD and set(FIELD_STRATEGIES) < set(STRATEGIES)
     many = _write_run(tmp_path / "b" / "seed_0", "grpo", 0, [0.3, 0.4])
     cfg = yaml.safe_load((many / "config.yaml").read_text())
     cfg["data"]["validation"] = ["x.jsonl", "y.jsonl"]  # several sets carry their own stderr
