@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from megatron_pc.analysis.budget import accuracy_at, interval_text, paired_ratio, read_summary
+from megatron_pc.analysis.budget import accuracy_at, accuracy_at_budgets, interval_text, paired_ratio, read_summary
+from megatron_pc.analysis.report_format import accuracy_cell
 from megatron_pc.analysis.report import first_reach
 from megatron_pc.analysis.runs import Run, load_run
 from megatron_pc.errors import MegatronPCError
@@ -59,10 +60,6 @@ def check_start(regime: str, kept: dict[str, Any], runs: list[Run]) -> None:
                                   f"{want:.6f}; {found}): they need the kept start model, validation set and seeds")  # fmt: skip
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
-
-
 def regime_tables(regime: str, kept: dict[str, Any], runs: list[Run], budget: float, against: list[str]) -> str:
     labels = sorted({r.strategy for r in runs})
     against = [a for a in against if a in kept.get("at_budget", {})]
@@ -70,12 +67,10 @@ def regime_tables(regime: str, kept: dict[str, Any], runs: list[Run], budget: fl
     lines = [f"### `{regime}`: {', '.join(labels)} against the kept {', '.join(against)}", "",
              "| label | " + " | ".join(f"acc at {s:g}R" for s in shares) + " | " + " | ".join(f"at R minus {a}, by seed" for a in against) + " |",
              "|---|" + "---|" * (len(shares) + len(against))]  # fmt: skip
+    spends = accuracy_at_budgets(runs, budget, tuple(shares))
     for label in labels:
         mine = {str(r.seed): r for r in runs if r.strategy == label}
-        cells = []
-        for share in shares:
-            values = [accuracy_at(r.points, share * budget) for r in mine.values()]
-            cells.append(_spread([v for v in values if v is not None]) if all(v is not None for v in values) else "- (short of it)")
+        cells = [accuracy_cell(row) for row in spends[label]]
         for name in against:
             ref = next(row for row in kept["at_budget"][name] if row["share"] == 1.0)["per_seed"]
             diffs = [f"{accuracy_at(mine[s].points, budget) - ref[s]:+.3f}" for s in sorted(mine, key=int)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_pc.analysis.budget import read_summary
+from megatron_pc.analysis.report_format import accuracy_cell
 from megatron_pc.errors import MegatronPCError
 
 
@@ -42,7 +43,7 @@ def at_budget(regime: dict[str, Any], label: str) -> dict[str, Any] | None:
 
 def _accuracy(regime: dict[str, Any], label: str) -> str:
     row = at_budget(regime, label)
-    return "-" if row is None else f"{row['median']:.3f} [{row['min']:.3f}-{row['max']:.3f}]"
+    return "-" if row is None else accuracy_cell(row)
 
 
 def _ratio(target: dict[str, Any], reference: str, label: str) -> str:

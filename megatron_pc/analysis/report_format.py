@@ -51,6 +51,12 @@ def verdict(regime: dict[str, Any]) -> str:
     return "; ".join(parts) or "no comparison (no targets, or Pilot-Commit not among the runs)"
 
 
+def accuracy_cell(row: dict[str, Any]) -> str:
+    """An accuracy-at-budget row (``at_budget`` in summary.json): ``0.313 [0.305-0.317]``, the
+    median over seeds and the seed band, or ``short of it`` when a seed stopped before that spend."""
+    return f"{row['median']:.3f} [{row['min']:.3f}-{row['max']:.3f}]" if row["median"] is not None else "short of it"
+
+
 def _budget_lines(reg: dict[str, Any], budget: float) -> list[str]:
     """Accuracy at R/4 .. R (median over seeds [seed band]) and the validation's precision."""
     rows = reg["at_budget"]
@@ -59,8 +65,7 @@ def _budget_lines(reg: dict[str, Any], budget: float) -> list[str]:
     lines = [f"Validation accuracy at fixed spends (budget R = {budget:,.0f} rollouts; median over seeds [seed band]):", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
     for name, cells in rows.items():
-        shown_cells = [f"{c['median']:.3f} [{c['min']:.3f}-{c['max']:.3f}]" if c["median"] is not None else "short of it" for c in cells]
-        lines.append("| " + " | ".join([name, *shown_cells]) + " |")
+        lines.append("| " + " | ".join([name, *map(accuracy_cell, cells)]) + " |")
     p = reg["validation_precision"]
     if p["stderr"] is not None and p["smallest_gap"] is not None:
         needed = f"about {p['prompts_needed']:,} validation prompts would" if p["prompts_needed"] else "a larger validation set would"

@@ -381,22 +381,27 @@ def summaries(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "linear": error_summary([r for r in rows if r["model"] == "linear"])}  # fmt: skip
 
 
-def format_held_out(rows: list[dict[str, Any]], held: dict[str, Any]) -> str:
-    """The held-out table and its summary, as text."""
+def _cell(v: float | None, fmt: str) -> str:
+    return format(v, fmt) if v is not None else "-"
 
-    def cell(v: float | None, fmt: str) -> str:
-        return format(v, fmt) if v is not None else "-"
 
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """Predicted against measured ratios, a row each, as text."""
     lines = [f"{'model':<7}{'fold':<20}{'benchmark/regime':<24}{'ratio':<10}{'target':>7}{'measured':>10}{'predicted':>10}{'error':>8}"]
     for r in rows:
         lines.append(f"{r['model']:<7}{r['fold']:<20}{r['group']:<24}{r['ratio']:<10}{r['target']:>7.0%}"
-                     f"{cell(r['measured'], '.2f'):>10}{cell(r['predicted'], '.2f'):>10}{cell(r['error'], '+.0%'):>8}")  # fmt: skip
-    lines.append("")
+                     f"{_cell(r['measured'], '.2f'):>10}{_cell(r['predicted'], '.2f'):>10}{_cell(r['error'], '+.0%'):>8}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def format_held_out(rows: list[dict[str, Any]], held: dict[str, Any]) -> str:
+    """The held-out table and its summary, as text."""
+    lines = [format_rows(rows), ""]
     for key, name in (("seed", "fitted, a seed held out"), ("regime", "fitted, a regime held out"),
                       ("linear", "linear, lr calibrated on the regime itself")):  # fmt: skip
         s = held[key]
-        per = ", ".join(f"{reg} {cell(v['mean_abs_error'], '.0%')} ({v['within_20']}/{v['ratios']})" for reg, v in s["by_regime"].items())
-        lines.append(f"{name}: mean |error| {cell(s['mean_abs_error'], '.0%')}, {s['within_20']}/{s['ratios']} within 20% ({per})")
+        per = ", ".join(f"{reg} {_cell(v['mean_abs_error'], '.0%')} ({v['within_20']}/{v['ratios']})" for reg, v in s["by_regime"].items())
+        lines.append(f"{name}: mean |error| {_cell(s['mean_abs_error'], '.0%')}, {s['within_20']}/{s['ratios']} within 20% ({per})")
     return "\n".join(lines)
 
 
@@ -452,8 +457,7 @@ def judge(bench_dirs: list[str], params: str) -> int:
         measured = ratios([t.run for t in g.trajectories], g.budget)
         rows += _rows("unseen runs", g, ratios(simulated_runs(g, "fitted", model), g.budget), measured, "fitted")
     summary = error_summary(rows)
-    table = format_held_out(rows, {"seed": summary, "regime": error_summary([]), "linear": error_summary([])})
-    print(table.split("\n\n")[0])
+    print(format_rows(rows))
     mean = summary["mean_abs_error"]
     print(f"predicting unseen runs: mean |error| {'-' if mean is None else format(mean, '.0%')}, {summary['within_20']}/{summary['ratios']} within 20%")
     return 0
