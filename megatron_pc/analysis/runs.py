@@ -36,9 +36,12 @@ REFERENCE = "pilot_commit"
 HISTORY_AWARE = "pc_history"
 """The benchmark's label of history-aware Pilot-Commit (allocation.history.preset=history_aware)."""
 VARIANT_REFERENCES = {HISTORY_AWARE: "history-aware Pilot-Commit", "pc_screen": "screened Pilot-Commit",
-                      "pc_meta": "Pilot-Commit with metadata priors", "pc_meta_sized": "Pilot-Commit with metadata priors and sized counts"}
+                      "pc_meta": "Pilot-Commit with metadata priors", "pc_meta_sized": "Pilot-Commit with metadata priors and sized counts",
+                      "pc_meta_coarse": "metadata priors from labels rounded to 3 buckets", "pc_meta_noisy": "metadata priors from labels 20% shuffled",
+                      "pc_screen_sized": "screened Pilot-Commit with sized counts"}  # fmt: skip
 """Pilot-Commit's variants that every other strategy is also compared with, when a report has them
-(label: description)."""
+(label: description): the ablations of docs/metadata_prior.md too, so that GRPO / ablation is in
+the summary beside GRPO / pc_meta."""
 MAIN_STRATEGIES = ("pilot_commit", "grpo", "dapo")
 """Strategies whose final gains set the targets (ablations are measured against them)."""
 FIELD_STRATEGIES = ("speed_rl", "greso", "mopps")

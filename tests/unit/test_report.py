@@ -458,7 +458,7 @@ def test_every_label_of_the_benchmark_matrix_has_its_own_colour() -> None:
     from megatron_pc.analysis.report_plots import FIELD_ALLOCATORS, _color
     from megatron_pc.analysis.runs import MAIN_STRATEGIES, VARIANT_REFERENCES
 
-    labels = [*MAIN_STRATEGIES, *FIELD_ALLOCATORS, *VARIANT_REFERENCES, "grpo_matched", "pc_sized", "pc_meta_coarse", "pc_meta_noisy", "pc_screen_sized"]
+    labels = [*MAIN_STRATEGIES, *FIELD_ALLOCATORS, *VARIANT_REFERENCES, "grpo_matched", "pc_sized"]
     colours = [_color(name, i) for i, name in enumerate(labels)]
     assert len(set(colours)) == len(labels), dict(zip(labels, colours))
 
