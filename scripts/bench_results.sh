@@ -124,6 +124,9 @@ case "$mode" in
     done
     # Every kept JSON-lines file compressed, deterministically (the same run saved twice: the same bytes).
     find "$results" -name '*.jsonl' -type f -print0 | xargs -0 -r env PYTHONPATH="$REPO" "$PYTHON" -m megatron_pc.jsonl compress
+    # the report's summary.json without indentation, its plots in 256 colours (results/ stays under 10 MB)
+    find "$results" -maxdepth 1 \( -name summary.json -o -name '*.png' \) -type f -print0 |
+      xargs -0 -r env PYTHONPATH="$REPO" "$PYTHON" -m megatron_pc.analysis.kept
     echo "bench_results: finished runs of $bench kept in $results" ;;
   restore)
     [ -d "$results" ] || { echo "bench_results: $results does not exist" >&2; exit 2; }
