@@ -76,12 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     labels = tuple(label for label in args.labels.split(",") if label)
     try:
-        regimes = load_regimes(args.summaries)
-        tables = [table(name, regime, labels) for name, regime in regimes.items()]
+        print("\n\n".join(table(name, regime, labels) for name, regime in load_regimes(args.summaries).items()))
     except MegatronPCError as err:
-        print(f"ablation_table: {err}", file=sys.stderr)
-        return 1
-    print("\n\n".join(tables))
+        raise SystemExit(f"ablation_table: {err}") from None  # exit status 1, the message on stderr
     return 0
 
 
