@@ -60,3 +60,14 @@ def test_a_regime_without_any_of_the_labels_is_refused_by_name(tmp_path: Path) -
     path.write_text(json.dumps(summary))
     run = subprocess.run([sys.executable, str(SCRIPT), str(path)], capture_output=True, text=True)
     assert run.returncode == 1 and "ablation_table: regime hard: none of" in run.stderr
+
+
+def test_the_docs_ablation_tables_are_the_scripts_output_on_the_kept_summaries() -> None:
+    docs = (ROOT / "docs" / "metadata_prior.md").read_text()
+    for kept in ("bench_budget", "bench_ablate", "bench_ablate_pl"):
+        summary = ROOT / "results" / kept / "summary.json"
+        out = subprocess.run([sys.executable, str(SCRIPT), str(summary)], capture_output=True, text=True, check=True).stdout
+        rows = [line for line in out.splitlines() if line.startswith("| pc_")]
+        assert len(rows) >= 5, (kept, out)
+        missing = [row for row in rows if row not in docs]
+        assert not missing, f"docs/metadata_prior.md lacks these rows of {kept}'s ablation table: {missing}"
