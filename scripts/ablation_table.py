@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_pc.analysis.budget import interval_text
+from megatron_pc.analysis.report_format import accuracy_cell
 from megatron_pc.errors import MegatronPCError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,7 +63,7 @@ def table(name: str, regime: dict[str, Any], labels: tuple[str, ...] = LABELS) -
         row = at_budget(regime, label)
         brier = "-" if s.get("screen_brier") is None else f"{s['screen_brier']:.3f} ({_mean(s.get('screen_brier_population'), '.3f')})"
         cells = [label, *(ratio_cell(t, "grpo", label) for t in targets), *(ratio_cell(t, "pc_screen", label) for t in targets),
-                 "-" if row is None or row["median"] is None else f"{row['median']:.3f} [{row['min']:.3f}-{row['max']:.3f}]",
+                 "-" if row is None else accuracy_cell(row),
                  _mean(s.get("pilot_share"), ".2f"), _mean(s.get("trained_share"), ".2f"), _mean(s.get("pilot_keep_rate"), ".2f"),
                  _mean(s.get("bucket_coverage"), ".2f"), brier, _mean(s.get("screen_auc"), ".3f")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
