@@ -13,6 +13,7 @@ Both write beside the file and rename it into place, so an interrupted call leav
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -39,8 +40,6 @@ def compact_json(path: str | Path) -> Path:
 
 def shrink_png(path: str | Path) -> Path:
     """Rewrite ``path`` with a 256-colour palette (median cut), unless that is not smaller."""
-    import io
-
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
