@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import statistics
 import sys
@@ -291,8 +292,12 @@ class Progress:
 def run_job(config: str, job: Job, steps: int, progress: Progress, budget: int | None = None) -> dict[str, float] | None:
     """Train (or resume) one run to ``steps``, or with ``budget`` until it has generated that many
     rollouts: its wall seconds in this call and the step it started from (None: it was finished)."""
-    before = finished_steps(job.run_dir)
     overrides = [*job.overrides, f"seed={job.seed}"]
+    if _interrupted_before_checkpoint(job, steps, budget):
+        print(f"bench rollouts: {job.run_dir} was stopped after {metrics_steps(job.run_dir)} steps, before its first checkpoint; "
+              "training it again from the start", file=sys.stderr, flush=True)  # fmt: skip
+        shutil.rmtree(job.run_dir)
+    before = finished_steps(job.run_dir)
     done = before >= steps or (budget is not None and finished_rollouts(job.run_dir) >= budget)
     if not done and not (job.run_dir / "checkpoints").is_dir() and metrics_steps(job.run_dir):
         raise MegatronPCError(f"{job.run_dir} holds {metrics_steps(job.run_dir)} steps of metrics but no checkpoints to continue from "
@@ -307,6 +312,15 @@ def run_job(config: str, job: Job, steps: int, progress: Progress, budget: int |
     # Kept beside the run so a later call (a resumed benchmark) still knows this call's cost.
     _wall_path(job).write_text(json.dumps(record) + "\n")
     return record
+
+
+def _interrupted_before_checkpoint(job: Job, steps: int, budget: int | None) -> bool:
+    """A run stopped before its first checkpoint: metrics but no checkpoints and no wall.json (a
+    finished run always has one, and a kept run is only a finished one), short of what is asked.
+    Nothing of it can be continued; its steps are redone from the same seed."""
+    if (job.run_dir / "checkpoints").is_dir() or _wall_path(job).is_file() or not metrics_steps(job.run_dir):
+        return False
+    return metrics_steps(job.run_dir) < steps and (budget is None or finished_rollouts(job.run_dir) < budget)
 
 
 def _wall_path(job: Job) -> Path:

@@ -475,3 +475,29 @@ def test_the_multi_epoch_pool_is_its_own_task_beside_the_full_paper_like_pool(tm
         runs.append(load_run(run_dir, label_by="dir"))
     assert [r.regime for r in runs] == ["paper_like", "multi_epoch"]
     check_unique(runs)  # one report may hold both
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_trained_again_not_refused(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A benchmark interrupted during a run's first steps left metrics, no checkpoints and no
+    wall.json: the same command starts that run again (nothing of it can be continued), while a
+    kept finished run asked for more steps is still refused."""
+    import benchmarks.strategies as strategies
+
+    run_dir, job = _kept_run(tmp_path, 2)
+    (run_dir.parent / "seed_0.wall.json").unlink()  # it never finished
+    calls = []
+
+    def fake_train(config, strategy, overrides, steps, out):  # the trainer itself is tested elsewhere
+        calls.append((strategy, steps, out.exists()))
+        return 12.0
+
+    monkeypatch.setattr(strategies, "run_strategy", fake_train)
+    record = strategies.run_job("configs/tiny_cpu.yaml", job, 9, strategies.Progress(1))
+    assert calls == [("grpo", 9, False)]  # the partial directory was cleared before training
+    assert record == {"wall_seconds": 12.0, "from_step": 0}
+    assert "was stopped after 2 steps, before its first checkpoint" in capsys.readouterr().err
+    # A finished run (its wall.json beside it) with too few steps is not thrown away.
+    run_dir, job = _kept_run(tmp_path / "kept", 2)
+    with pytest.raises(MegatronPCError, match="holds 2 steps of metrics but no checkpoints"):
+        strategies.run_job("configs/tiny_cpu.yaml", job, 9, strategies.Progress(1))
+    assert run_dir.is_dir() and calls == [("grpo", 9, False)]
