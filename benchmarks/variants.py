@@ -104,6 +104,12 @@ VARIANTS: dict[str, Variant] = {
                                          "allocation.history.sized=true")),  # fmt: skip
     "pc_screen_sized": Variant("pilot_commit", "pc_screen with sized counts: pc_meta_sized without the labels (history and n-grams only)",
                                lambda tb: ("allocation.history.preset=screen", "allocation.history.sized=true")),  # fmt: skip
+    "pc_meta_sized_sp2": Variant("pilot_commit", "pc_meta_sized with a short pilot of 2 (history.short_pilot=2): the smallest that can be kept at pilots of 4",
+                                 lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]",
+                                             "allocation.history.sized=true", "allocation.history.short_pilot=2")),  # fmt: skip
+    "pc_screen_sized_sp2": Variant("pilot_commit", "pc_screen_sized with a short pilot of 2 (history.short_pilot=2), without the labels",
+                                   lambda tb: ("allocation.history.preset=screen", "allocation.history.sized=true",
+                                               "allocation.history.short_pilot=2")),  # fmt: skip
     "grpo_fair": Variant("grpo", "GRPO whose loss mean counts only the tokens of groups with a nonzero advantage",
                          lambda tb: ("training.loss_denominator=informative",)),  # fmt: skip
     "dapo_3x": Variant("dapo", "DAPO drawing 3 x the train batch of prompts per round, as the recipe",

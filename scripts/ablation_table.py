@@ -5,7 +5,8 @@
 
 Each SUMMARY.json is one written by `megatron-pc report --budget R` or `bench rollouts --budget R`.
 For every regime in them, one markdown table with a row per label present (by default
-pc_screen, pc_screen_sized, pc_meta, pc_meta_coarse, pc_meta_noisy, pc_meta_sized):
+pc_screen, pc_screen_sized, pc_meta, pc_meta_coarse, pc_meta_noisy, pc_meta_sized, and the short pilot
+of 2's pc_screen_sized_sp2, pc_meta_sized_sp2):
 
 - GRPO / label and pc_screen / label in rollouts to the 25 / 50 / 75% targets: the median of paired
   per-seed ratios and its 90% bootstrap interval; above 1 the label needed fewer; `tie` where the
@@ -31,7 +32,8 @@ from megatron_pc.errors import MegatronPCError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from verdict_table import at_budget, load_regimes  # noqa: E402
 
-LABELS = ("pc_screen", "pc_screen_sized", "pc_meta", "pc_meta_coarse", "pc_meta_noisy", "pc_meta_sized")
+LABELS = ("pc_screen", "pc_screen_sized", "pc_meta", "pc_meta_coarse", "pc_meta_noisy", "pc_meta_sized",
+          "pc_screen_sized_sp2", "pc_meta_sized_sp2")
 
 
 def ratio_cell(target: dict[str, Any], other: str, label: str) -> str:

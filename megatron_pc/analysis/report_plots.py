@@ -33,7 +33,7 @@ _COLORS = {
     "pc_history": "tab:purple", "pc_screen": "tab:pink", "pc_meta": "tab:brown",  # PC's variants (dashed)
     "grpo_matched": "tab:cyan", "pc_sized": "black",  # the ablations (dashed)
     "pc_meta_sized": "navy", "pc_meta_coarse": "peru", "pc_meta_noisy": "rosybrown",  # pc_meta's ablations (dashed)
-    "pc_screen_sized": "teal",
+    "pc_screen_sized": "teal", "pc_meta_sized_sp2": "slateblue", "pc_screen_sized_sp2": "darkcyan",
 }
 """One colour per label of the benchmark's matrix, so that no two of its lines share one."""
 FIELD_ALLOCATORS = FIELD_STRATEGIES

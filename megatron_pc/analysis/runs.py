@@ -38,7 +38,9 @@ HISTORY_AWARE = "pc_history"
 VARIANT_REFERENCES = {HISTORY_AWARE: "history-aware Pilot-Commit", "pc_screen": "screened Pilot-Commit",
                       "pc_meta": "Pilot-Commit with metadata priors", "pc_meta_sized": "Pilot-Commit with metadata priors and sized counts",
                       "pc_meta_coarse": "metadata priors from labels cut into 3 bins", "pc_meta_noisy": "metadata priors from labels 20% shuffled",
-                      "pc_screen_sized": "screened Pilot-Commit with sized counts"}  # fmt: skip
+                      "pc_screen_sized": "screened Pilot-Commit with sized counts",
+                      "pc_meta_sized_sp2": "metadata priors, sized counts, short pilot of 2",
+                      "pc_screen_sized_sp2": "screened Pilot-Commit, sized counts, short pilot of 2"}  # fmt: skip
 """Pilot-Commit's variants that every other strategy is also compared with, when a report has them
 (label: description): the ablations of docs/metadata_prior.md too, so that GRPO / ablation is in
 the summary beside GRPO / pc_meta."""

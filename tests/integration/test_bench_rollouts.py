@@ -160,7 +160,7 @@ def test_unknown_regime_and_bad_sizes_are_refused_before_any_run(tmp_path: Path)
     proc = subprocess.run([*base, "--regimes", "mixed,trivial"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--regimes: unknown regime 'trivial'; known: mixed, paper_like, hard, default" in proc.stderr
     proc = subprocess.run([*base, "--variants", "pc_magic"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "--variants: unknown ['pc_magic']; choose from pc_history, pc_screen, pc_screen_policy, pc_meta, pc_meta_coarse, pc_meta_noisy, pc_meta_sized, pc_screen_sized, grpo_fair, dapo_3x, grpo_half, pc_4up, or none" in proc.stderr
+    assert proc.returncode == 2 and "--variants: unknown ['pc_magic']; choose from pc_history, pc_screen, pc_screen_policy, pc_meta, pc_meta_coarse, pc_meta_noisy, pc_meta_sized, pc_screen_sized, pc_meta_sized_sp2, pc_screen_sized_sp2, grpo_fair, dapo_3x, grpo_half, pc_4up, or none" in proc.stderr
     proc = subprocess.run([*base, "--seeds", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--seeds: must be >= 1, got 0" in proc.stderr
     assert not (tmp_path / "b").exists()
