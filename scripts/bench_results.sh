@@ -17,7 +17,10 @@ mode=${1:?usage: scripts/bench_results.sh save|restore [BENCH_DIR] [RESULTS_DIR]
 bench=${2:-runs/bench_rollouts}
 results=${3:-results/bench_rollouts}
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PYTHON="${PYTHON:-python3}"
+# The project's interpreter (the install's .venv: Pillow shrinks the plots), else python3; PYTHON overrides.
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$REPO/.venv/bin/python" ]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
+fi
 # Validation sets larger than this (bytes) are kept as a SHA-256 record (see save below).
 KEEP_VALIDATION_MAX_BYTES="${KEEP_VALIDATION_MAX_BYTES:-1000000}"
 # A start-model record's model path and the first 12 hex digits of its fingerprint.

@@ -408,6 +408,31 @@ def test_a_validation_set_made_again_must_match_the_kept_record(tmp_path: Path) 
     assert not path.exists()
 
 
+def test_bench_results_script_saves_plots_with_the_projects_python_not_the_systems(tmp_path: Path) -> None:
+    """`save` shrinks the report's PNGs with Pillow, which the project's venv has and a fresh
+    machine's system python3 lacks: without PYTHON set, the script uses the venv's interpreter."""
+    import random
+    import subprocess
+
+    from PIL import Image
+
+    run_dir, _ = _kept_run(tmp_path, 3)
+    bench, results = tmp_path / "bench", tmp_path / "results"
+    Image.frombytes("RGB", (64, 64), random.Random(0).randbytes(64 * 64 * 3)).save(bench / "ratios.png")  # noise: a palette is smaller
+    # a python3 on PATH that cannot run anything: the script must not reach for it
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text("#!/bin/sh\necho 'system python3 called' >&2\nexit 97\n")
+    (stub / "python3").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env["PATH"] = f"{stub}:{env.get('PATH', '')}"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_results.sh"
+    proc = subprocess.run(["bash", str(script), "save", str(bench), str(results)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "system python3 called" not in proc.stderr
+    with Image.open(results / "ratios.png") as kept:
+        assert kept.mode == "P"  # shrunk to a palette by megatron_pc.analysis.kept
+
 def test_bench_results_script_keeps_the_start_model_and_puts_it_back_where_none_is(tmp_path: Path) -> None:
     import subprocess
 
