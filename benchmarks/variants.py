@@ -84,32 +84,33 @@ class Variant:
     """A rule of its own, whatever the benchmark's ``--update-rule`` (None: the benchmark's)."""
 
 
+_SCREEN = ("allocation.history.preset=screen",)
+_METADATA = ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]")
+"""The metadata labels' overrides: priors per bucket of the records' difficulty."""
+_SIZED = "allocation.history.sized=true"
+_SHORT_PILOT_2 = "allocation.history.short_pilot=2"
+
 VARIANTS: dict[str, Variant] = {
     "pc_history": Variant("pilot_commit", "history-aware Pilot-Commit (docs/history_aware.md)",
                           lambda tb: ("allocation.history.preset=history_aware",)),  # fmt: skip
     "pc_screen": Variant("pilot_commit", "history-aware Pilot-Commit with the screen's predicted priors (docs/screen.md)",
-                         lambda tb: ("allocation.history.preset=screen",)),  # fmt: skip
+                         lambda tb: _SCREEN),  # fmt: skip
     "pc_screen_policy": Variant("pilot_commit", "pc_screen fed the policy's hidden state at the last prompt token (features: policy) in place of n-grams",
-                                lambda tb: ("allocation.history.preset=screen", "allocation.history.features=policy")),  # fmt: skip
+                                lambda tb: (*_SCREEN, "allocation.history.features=policy")),  # fmt: skip
     "pc_meta": Variant("pilot_commit", "pc_screen with priors per bucket of the records' difficulty (docs/metadata_prior.md)",
-                       lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]")),  # fmt: skip
+                       lambda tb: _METADATA),  # fmt: skip
     "pc_meta_coarse": Variant("pilot_commit", "pc_meta with the difficulty cut into 3 bins (rough labels)",
-                              lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]",
-                                          "allocation.history.metadata_bins=3")),  # fmt: skip
+                              lambda tb: (*_METADATA, "allocation.history.metadata_bins=3")),  # fmt: skip
     "pc_meta_noisy": Variant("pilot_commit", "pc_meta with 20% of the prompts' difficulty labels shuffled (wrong labels)",
-                             lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]",
-                                         "allocation.history.metadata_noise=0.2")),  # fmt: skip
+                             lambda tb: (*_METADATA, "allocation.history.metadata_noise=0.2")),  # fmt: skip
     "pc_meta_sized": Variant("pilot_commit", "pc_meta with sized counts: a short pilot (4 + 60 commits), a pilot, n or 2n rollouts per prompt by its posterior",
-                             lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]",
-                                         "allocation.history.sized=true")),  # fmt: skip
+                             lambda tb: (*_METADATA, _SIZED)),  # fmt: skip
     "pc_screen_sized": Variant("pilot_commit", "pc_screen with sized counts: pc_meta_sized without the labels (history and n-grams only)",
-                               lambda tb: ("allocation.history.preset=screen", "allocation.history.sized=true")),  # fmt: skip
+                               lambda tb: (*_SCREEN, _SIZED)),  # fmt: skip
     "pc_meta_sized_sp2": Variant("pilot_commit", "pc_meta_sized with a short pilot of 2 (history.short_pilot=2): the smallest that can be kept at pilots of 4",
-                                 lambda tb: ("allocation.history.preset=metadata", "allocation.history.metadata=[difficulty]",
-                                             "allocation.history.sized=true", "allocation.history.short_pilot=2")),  # fmt: skip
+                                 lambda tb: (*_METADATA, _SIZED, _SHORT_PILOT_2)),  # fmt: skip
     "pc_screen_sized_sp2": Variant("pilot_commit", "pc_screen_sized with a short pilot of 2 (history.short_pilot=2), without the labels",
-                                   lambda tb: ("allocation.history.preset=screen", "allocation.history.sized=true",
-                                               "allocation.history.short_pilot=2")),  # fmt: skip
+                                   lambda tb: (*_SCREEN, _SIZED, _SHORT_PILOT_2)),  # fmt: skip
     "grpo_fair": Variant("grpo", "GRPO whose loss mean counts only the tokens of groups with a nonzero advantage",
                          lambda tb: ("training.loss_denominator=informative",)),  # fmt: skip
     "dapo_3x": Variant("dapo", "DAPO drawing 3 x the train batch of prompts per round, as the recipe",

@@ -416,7 +416,7 @@ def test_bench_results_script_saves_plots_with_the_projects_python_not_the_syste
 
     from PIL import Image
 
-    run_dir, _ = _kept_run(tmp_path, 3)
+    _kept_run(tmp_path, 3)
     bench, results = tmp_path / "bench", tmp_path / "results"
     Image.frombytes("RGB", (64, 64), random.Random(0).randbytes(64 * 64 * 3)).save(bench / "ratios.png")  # noise: a palette is smaller
     # a python3 on PATH that cannot run anything: the script must not reach for it
@@ -432,6 +432,7 @@ def test_bench_results_script_saves_plots_with_the_projects_python_not_the_syste
     assert "system python3 called" not in proc.stderr
     with Image.open(results / "ratios.png") as kept:
         assert kept.mode == "P"  # shrunk to a palette by megatron_pc.analysis.kept
+
 
 def test_bench_results_script_keeps_the_start_model_and_puts_it_back_where_none_is(tmp_path: Path) -> None:
     import subprocess
